@@ -1,0 +1,38 @@
+"""Attention backends behind one small interface, chosen by name through a registry ("auto" picks)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from .base import AttentionBackend
+from .metadata import AttentionMetadata, forward_context, get_forward_context
+from .torch_backend import TorchBackend
+
+BACKENDS: dict[str, str] = {
+    "torch": "nanovllm_ref.attention.torch_backend:TorchBackend",
+    "triton": "nanovllm_ref.attention.triton_backend:TritonBackend",
+    "flash_attn": "nanovllm_ref.attention.flash_attn_backend:FlashAttnBackend",
+}
+
+
+def resolve_backend_name(name: str, device: str) -> str:
+    if name == "auto":
+        if device == "cpu":
+            return "torch"
+        return "flash_attn" if importlib.util.find_spec("flash_attn") else "triton"
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
+    if name != "torch" and device == "cpu":
+        raise ValueError(f"attention_backend {name!r} needs device 'cuda'; on the CPU use 'torch'")
+    return name
+
+
+def get_backend_class(name: str) -> type[AttentionBackend]:
+    module_name, cls_name = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+__all__ = [
+    "AttentionBackend", "AttentionMetadata", "TorchBackend", "forward_context", "get_forward_context",
+    "get_backend_class", "resolve_backend_name",
+]

@@ -1,0 +1,22 @@
+"""The reference backend: pure PyTorch paged attention (CPU and GPU), the numerical reference for the rest."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.prefill_attention import prefill_attention_reference
+from ..kernels.store_kv import store_kv_reference
+from .base import AttentionBackend
+from .metadata import AttentionMetadata
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        return prefill_attention_reference(
+            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale
+        )

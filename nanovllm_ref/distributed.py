@@ -1,0 +1,40 @@
+"""Tensor-parallel group helpers over torch.distributed (gloo on CPU, NCCL on GPU); no-ops at TP=1."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def tp_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def tp_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if tp_size() == 1:
+        return x
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        y = x.float()  # gloo reduces half types slowly or not at all; sum in float32 and round once
+        dist.all_reduce(y)
+        return y.to(x.dtype)
+    dist.all_reduce(x)
+    return x
+
+
+def gather_last_dim_to_first_rank(x: torch.Tensor) -> torch.Tensor | None:
+    """Concatenate every rank's shard along the last dim on rank 0; other ranks get None."""
+    if tp_size() == 1:
+        return x
+    shards = [torch.empty_like(x) for _ in range(tp_size())] if tp_rank() == 0 else None
+    dist.gather(x.contiguous(), shards, dst=0)
+    return torch.cat(shards, dim=-1) if shards is not None else None
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what} ({numerator}) is not divisible by tensor_parallel_size ({denominator})")
+    return numerator // denominator

@@ -1,0 +1,77 @@
+"""Turn a scheduler decision into the flat, picklable inputs of one model step (pure Python).
+
+Built once on rank 0 and, under tensor parallelism, broadcast as is: workers keep no sequence state, so
+they can never disagree with the scheduler about prefill, decode or preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInput:
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    query_start_loc: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    logits_indices: list[int] = field(default_factory=list)  # token rows whose logits are needed
+    # one entry per sampling sequence; *_rows index into logits_indices
+    sample_seq_ids: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    temperature: list[float] = field(default_factory=list)
+    top_k: list[int] = field(default_factory=list)
+    top_p: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    counters: list[int] = field(default_factory=list)  # position of the token being sampled
+    num_logprobs: list[int] = field(default_factory=list)  # -1: none
+    # prompt logprobs: (seq_id, rows, target token ids, k)
+    prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def max_query_len(self) -> int:
+        q = self.query_start_loc
+        return max((q[i + 1] - q[i] for i in range(len(q) - 1)), default=0)
+
+
+def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
+    step = StepInput()
+    for seq, num_new in out.scheduled:
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+        first_row = len(step.input_ids)
+        step.input_ids += seq.token_ids[start:end]
+        step.positions += range(start, end)
+        table = seq.block_table
+        step.slot_mapping += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        step.query_start_loc.append(first_row + num_new)
+        step.seq_lens.append(end)
+        step.block_tables.append(table)
+        params = seq.params
+        # logits at position p give the logprob of prompt token p + 1; a recompute after preemption
+        # skips the positions already reported
+        first = max(start, len(seq.prompt_logprobs or ()) - 1)
+        last = min(end, seq.num_prompt_tokens - 1)
+        if params.prompt_logprobs is not None and first < last:
+            rows = list(range(len(step.logits_indices), len(step.logits_indices) + last - first))
+            step.logits_indices += range(first_row + first - start, first_row + last - start)
+            targets = seq.token_ids[first + 1 : last + 1]
+            step.prompt_logprobs.append((seq.seq_id, rows, targets, params.prompt_logprobs))
+        if out.samples(seq, num_new):
+            step.sample_seq_ids.append(seq.seq_id)
+            step.sample_rows.append(len(step.logits_indices))
+            step.logits_indices.append(first_row + num_new - 1)
+            step.temperature.append(float(params.temperature))
+            step.top_k.append(params.top_k)
+            step.top_p.append(float(params.top_p))
+            step.seeds.append(seq.seed)
+            step.counters.append(seq.num_tokens)
+            step.num_logprobs.append(-1 if params.logprobs is None else params.logprobs)
+    return step

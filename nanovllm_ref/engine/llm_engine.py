@@ -1,0 +1,199 @@
+"""The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
+
+Bad input raises before any state changes; a failing request (non-finite logits) is finished with an
+error while the others go on; a request that can never fit is refused when added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import torch
+
+from ..config import Config
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .block_manager import BlockManager
+from .inputs import prepare_step
+from .model_runner import ModelRunner, RunnerSpec
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_hf_config(path: str) -> Any:
+    from transformers import AutoConfig
+
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} does not exist or is not a folder")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model folder {path!r} has no config.json")
+    return AutoConfig.from_pretrained(path, trust_remote_code=False)
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The checkpoint's tokenizer, or None if it ships none (token-id prompts still work)."""
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            sources.append(json.load(f).get("eos_token_id"))
+    for src in sources:
+        ids.update([src] if isinstance(src, int) else (src or []))
+    return frozenset(ids)
+
+
+def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
+    from ..attention import resolve_backend_name
+
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU")
+    if config.dtype != "auto":
+        dtype = _DTYPES[config.dtype]
+    elif device == "cpu":
+        dtype = torch.float32
+    else:
+        ckpt = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+        dtype = ckpt if ckpt in (torch.bfloat16, torch.float16) else torch.bfloat16
+    max_pos = hf_config.max_position_embeddings
+    max_model_len = config.max_model_len or max_pos
+    if max_model_len > max_pos:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_pos}")
+    return RunnerSpec(
+        model_path=config.model, device=device, dtype=dtype,
+        backend=resolve_backend_name(config.attention_backend, device), block_size=config.kvcache_block_size,
+        max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
+        kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+    )
+
+
+class LLMEngine:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.hf_config = load_hf_config(config.model)
+        self.spec = resolve_spec(config, self.hf_config)
+        self.tokenizer = load_tokenizer(config.model)
+        self.vocab_size = self.hf_config.vocab_size
+        if config.tensor_parallel_size > 1:
+            from .workers import TPExecutor
+
+            self.runner = TPExecutor(self.spec, self.hf_config, config.tensor_parallel_size)
+        else:
+            self.runner = ModelRunner(self.spec, self.hf_config)
+        self.block_manager = BlockManager(
+            self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len,
+            eos_token_ids(config.model, self.hf_config),
+        )
+        self._rng = random.Random(config.seed)
+        self.requests: dict[str, Sequence] = {}
+        self._by_seq_id: dict[int, Sequence] = {}
+        self._next_id = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids; raises ValueError/TypeError for anything the engine cannot serve."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompt given but the checkpoint has no tokenizer files; pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                raise TypeError("a token-id prompt must be a list of ints")
+            token_ids = list(prompt)
+        else:
+            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        return token_ids
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        token_ids = self.validate_request(prompt, params)
+        if request_id is None:
+            request_id = str(self._next_id)
+            self._next_id += 1
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seq = Sequence(request_id, token_ids, params, seed)
+        self.scheduler.add(seq)
+        self.requests[request_id] = seq
+        self._by_seq_id[seq.seq_id] = seq
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self._pop_output(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; returns the requests that finished in it."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
+            return []
+        result = self.runner.execute(prepare_step(out, self.config.kvcache_block_size))
+        done = []
+        for seq_id, message in result.errors.items():
+            seq = self._by_seq_id[seq_id]
+            seq.error = message
+            self.scheduler.finish(seq, "error")
+            done.append(seq)
+        for seq_id, dicts in result.prompt_logprobs.items():
+            self._by_seq_id[seq_id].prompt_logprobs.extend(dicts)
+        for seq_id, entry in result.logprobs.items():
+            self._by_seq_id[seq_id].logprobs.append(entry)
+        done += self.scheduler.update(out, result.sampled)
+        return [self._pop_output(seq) for seq in done]
+
+    def _pop_output(self, seq: Sequence) -> RequestOutput:
+        del self.requests[seq.request_id]
+        del self._by_seq_id[seq.seq_id]
+        tokens = seq.output_token_ids
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=tokens, text=text, finish_reason=seq.finish_reason, logprobs=seq.logprobs,
+            prompt_logprobs=seq.prompt_logprobs, num_cached_tokens=seq.num_cached_tokens, error=seq.error,
+        )
+
+    def shutdown(self) -> None:
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()

@@ -1,0 +1,204 @@
+"""Runs the model for one step on one rank: tensors from a StepInput, forward, logits, sampling.
+
+Owns the model, the paged KV cache (one tensor `(num_layers, 2, num_blocks, block_size, kv_heads,
+head_dim)`) and the attention backend. Rank 0 samples; other ranks only run the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..attention import AttentionMetadata, forward_context, get_backend_class
+from ..distributed import tp_rank
+from ..layers.attention import Attention
+from ..layers.sampler import SamplingBatch, sample, top_logprobs
+from ..loader import load_weights
+from ..models import get_model_class
+from .inputs import StepInput
+
+
+@dataclass
+class StepOutput:
+    sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token
+    logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
+
+    model_path: str
+    device: str
+    dtype: torch.dtype
+    backend: str
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_kvcache_blocks: int | None
+    kv_cache_memory_gb: float
+    gpu_memory_utilization: float
+    enforce_eager: bool
+
+
+class ModelRunner:
+    def __init__(self, spec: RunnerSpec, hf_config: Any) -> None:
+        self.spec, self.hf_config = spec, hf_config
+        self.device = torch.device(spec.device)
+        backend_cls = get_backend_class(spec.backend)
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        backend_cls.check_supported(spec.device, spec.block_size, head_dim)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(spec.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = get_model_class(hf_config)(hf_config, backend_cls)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        load_weights(self.model, spec.model_path)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.num_kvcache_blocks = self._allocate_kv_cache()
+
+    def _block_bytes(self) -> int:
+        first = self.attn_layers[0].backend
+        per_token = 2 * first.num_kv_heads * first.head_dim * self.spec.dtype.itemsize
+        return per_token * self.spec.block_size * len(self.attn_layers)
+
+    def _allocate_kv_cache(self) -> int:
+        spec = self.spec
+        if spec.num_kvcache_blocks is not None:
+            num_blocks = spec.num_kvcache_blocks
+        elif self.device.type == "cuda":
+            num_blocks = self._blocks_from_gpu_memory()
+        else:
+            num_blocks = int(spec.kv_cache_memory_gb * 2**30) // self._block_bytes()
+            useful = spec.max_num_seqs * -(-spec.max_model_len // spec.block_size)
+            num_blocks = min(num_blocks, useful)  # more than every sequence at full length is never used
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget leaves no room for a single block")
+        self._set_kv_cache(num_blocks)
+        return num_blocks
+
+    def _set_kv_cache(self, num_blocks: int) -> None:
+        first = self.attn_layers[0].backend
+        self.kv_cache = torch.empty(
+            len(self.attn_layers), 2, num_blocks, self.spec.block_size, first.num_kv_heads, first.head_dim,
+            dtype=self.spec.dtype, device=self.device,
+        )
+        for i, layer in enumerate(self.attn_layers):
+            layer.kv_cache = self.kv_cache[i]
+
+    def _blocks_from_gpu_memory(self) -> int:
+        """Measure the activation peak with a full-budget warm-up forward, then give the rest to the cache."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self._warmup()
+        free, total = torch.cuda.mem_get_info()
+        used_by_others = total - free - torch.cuda.memory_reserved()
+        budget = total * self.spec.gpu_memory_utilization - used_by_others - torch.cuda.max_memory_allocated()
+        return int(budget) // self._block_bytes()
+
+    @torch.inference_mode()
+    def _warmup(self) -> None:
+        spec = self.spec
+        num_seqs = min(spec.max_num_seqs, spec.max_num_batched_tokens)
+        per_seq = min(spec.max_num_batched_tokens // num_seqs, spec.max_model_len)
+        blocks_per_seq = -(-per_seq // spec.block_size)
+        self._set_kv_cache(num_seqs * blocks_per_seq)
+        step = StepInput()
+        for s in range(num_seqs):
+            table = list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq))
+            step.input_ids += [0] * per_seq
+            step.positions += range(per_seq)
+            step.slot_mapping += [table[p // spec.block_size] * spec.block_size + p % spec.block_size
+                                  for p in range(per_seq)]
+            step.query_start_loc.append(step.query_start_loc[-1] + per_seq)
+            step.seq_lens.append(per_seq)
+            step.block_tables.append(table)
+            step.logits_indices.append(step.query_start_loc[-1] - 1)
+        hidden = self.compute_hidden(step)
+        self.model.compute_logits(hidden[self._tensor(step.logits_indices, torch.int64)])
+        torch.cuda.synchronize()
+        del self.kv_cache, hidden
+        for layer in self.attn_layers:
+            layer.kv_cache = None
+        torch.cuda.empty_cache()
+
+    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
+
+    def metadata(self, step: StepInput) -> AttentionMetadata:
+        width = max(len(t) for t in step.block_tables)
+        tables = [t + [0] * (width - len(t)) for t in step.block_tables]
+        return AttentionMetadata(
+            slot_mapping=self._tensor(step.slot_mapping, torch.int64),
+            query_start_loc=self._tensor(step.query_start_loc, torch.int32),
+            seq_lens=self._tensor(step.seq_lens, torch.int32),
+            block_tables=self._tensor(tables, torch.int32),
+            max_query_len=step.max_query_len,
+            max_seq_len=max(step.seq_lens),
+        )
+
+    def compute_hidden(self, step: StepInput) -> torch.Tensor:
+        input_ids = self._tensor(step.input_ids, torch.int64)
+        positions = self._tensor(step.positions, torch.int64)
+        with forward_context(self.metadata(step)):
+            return self.model(input_ids, positions)  # (num_tokens, hidden)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepOutput | None:
+        hidden = self.compute_hidden(step)
+        logits = self.model.compute_logits(hidden[self._tensor(step.logits_indices, torch.int64)])
+        if tp_rank() != 0:
+            return None
+        return self._sample(step, logits.float())
+
+    def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
+        out = StepOutput()
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        for seq_id, rows, targets, k in step.prompt_logprobs:
+            out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
+        if not step.sample_seq_ids:
+            return out
+        rows = self._tensor(step.sample_rows, torch.int64)
+        batch = SamplingBatch(
+            temperature=self._tensor(step.temperature, torch.float32),
+            top_k=self._tensor(step.top_k, torch.int64),
+            top_p=self._tensor(step.top_p, torch.float32),
+            seeds=self._tensor(step.seeds, torch.int64),
+            counters=self._tensor(step.counters, torch.int64),
+            needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
+        )
+        sample_logits = logits[rows]
+        tokens = sample(sample_logits, batch).tolist()
+        k_max = max(step.num_logprobs)
+        if k_max >= 0:
+            chosen_lp, ids, values = top_logprobs(sample_logits, torch.tensor(tokens, device=logits.device), k_max)
+            chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()
+        for i, seq_id in enumerate(step.sample_seq_ids):
+            if not finite[step.sample_rows[i]]:
+                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
+                continue
+            out.sampled[seq_id] = tokens[i]
+            k = step.num_logprobs[i]
+            if k >= 0:
+                entry = dict(zip(ids[i][:k], values[i][:k]))
+                entry[tokens[i]] = chosen_lp[i]
+                out.logprobs[seq_id] = entry
+        return out
+
+    @staticmethod
+    def _logprob_dicts(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:
+        target = torch.tensor(targets, device=logits.device)
+        target_lp, ids, values = top_logprobs(logits, target, k)
+        dicts = []
+        for t, lp, row_ids, row_values in zip(targets, target_lp.tolist(), ids.tolist(), values.tolist()):
+            entry = dict(zip(row_ids, row_values))
+            entry[t] = lp
+            dicts.append(entry)
+        return dicts

@@ -1,0 +1,146 @@
+"""Token-budget continuous batching (vLLM v1 style), pure Python.
+
+Each step grants every scheduled sequence a number of new tokens within `max_num_batched_tokens`: running
+sequences first (a decode is 1 token, an unfinished prefill chunk more), then waiting ones in arrival order
+(FCFS: the oldest waiting request is never skipped for a younger one). When blocks run out, the newest
+running sequence is preempted: its blocks are freed and it is recomputed later from its tokens, so its
+output is unaffected. Nothing here asserts: a request that could never fit is refused when added.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def samples(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether this step ends at the sequence's last known token, i.e. yields a next token."""
+        return seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise ValueError if a request of this size could never run, whatever else is going on."""
+        need = num_prompt_tokens + max_tokens
+        if need > self.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {need} exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        bm = self.block_manager
+        if bm.blocks_needed(need) > bm.num_blocks:
+            raise ValueError(
+                f"prompt + max_tokens = {need} tokens needs {bm.blocks_needed(need)} KV blocks of "
+                f"{bm.block_size}, but the whole cache has {bm.num_blocks}"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.allocate(seq, num_new):
+                victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append((seq, num_new))
+                budget -= num_new
+                i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
+            if not self.block_manager.allocate(seq, num_new, cached):
+                break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Advance the scheduled sequences; `sampled` maps seq_id -> next token. Returns the finished ones."""
+        finished = []
+        for seq, num_new in out.scheduled:
+            if seq.is_finished:  # aborted or failed while the step ran
+                continue
+            seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(seq)
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` wherever it is (running or waiting) and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,69 @@
+"""A request's state inside the engine (pure Python, no torch).
+
+One notion of progress: `num_computed_tokens` counts tokens whose KV is in the cache. Prefill, chunked
+prefill, decode and recompute after preemption differ only in how many new tokens the scheduler grants.
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+from ..sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    _ids = itertools.count()
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
+        self.seq_id = next(Sequence._ids)  # also the arrival order
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.seed = seed  # params.seed, or one drawn by the engine: every request samples from its own stream
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
+        self.num_preemptions = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks, in order
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        # Prompt logprobs need the logits of every prompt position, so such requests compute them all.
+        return self.params.prompt_logprobs is None
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )

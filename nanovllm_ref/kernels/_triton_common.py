@@ -1,0 +1,115 @@
+"""Pieces shared by the Triton attention kernels (decode and prefill): the online-softmax tile update.
+
+The update is FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning", 2023, Algorithm 1): keep a running row max `m`, a running denominator `l` and an unnormalized
+accumulator `acc`; for each tile of keys rescale the old state by `exp(m_old - m_new)`. As in the Triton
+fused-attention tutorial, scores are scaled by `scale * log2(e)` so the exponentials are `exp2` (one MUFU op),
+and the probabilities are cast to the K/V dtype before the second matmul (the standard FA precision trade).
+
+K/V are read straight from the paged cache: key position `pos` of a sequence lives at block
+`block_table[pos // BLOCK_SIZE]`, row `pos % BLOCK_SIZE`. The gather is per key row, so a tile of BLOCK_N keys
+may span several cache blocks (block_size 16) or a fraction of one (block_size 256): the tile size is chosen
+for the hardware, independently of the page size (as vLLM's Triton unified attention does).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+LOG2E = 1.4426950408889634
+
+
+def upcast_dots(device: torch.device) -> bool:
+    """True when the kernels run in the Triton interpreter (CPU tensors): its `tl.dot` mishandles bfloat16
+    (bf16 is stored as uint16 in numpy), so operands are upcast to float32 there. On GPU the tensor cores take
+    16-bit operands directly."""
+    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs: exact fp32 products ("ieee"), since tf32 (10-bit mantissa) would miss the fp32 tolerance.
+    16-bit inputs: the option is ignored; pass the default."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (a host-side property query: no sync); 8 off-GPU."""
+    if device.type != "cuda":
+        return 8
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+if triton is not None:
+
+    @triton.jit
+    def mma(a, b, UPCAST: tl.constexpr, PREC: tl.constexpr):
+        """a @ b in float32; see upcast_dots for UPCAST."""
+        if UPCAST:
+            res = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            res = tl.dot(a, b, input_precision=PREC)
+        return res
+
+    @triton.jit
+    def attend_tile(
+        acc, l_i, m_i,  # running state: (BLOCK_M, BLOCK_D) f32, (BLOCK_M,) f32, (BLOCK_M,) f32 (log2 domain)
+        q,  # (BLOCK_M, BLOCK_D), zero in padded rows/columns
+        k_cache_ptr, v_cache_ptr,  # already offset to this KV head
+        bt_row_ptr,  # this sequence's block-table row
+        n0,  # first key position of the tile
+        load_end,  # keys at positions >= load_end are not loaded (only used when MASKED)
+        row_end,  # (BLOCK_M,) key pos is visible to row r iff pos < row_end[r] (only used when MASKED)
+        qk_scale,  # softmax scale * log2(e)
+        stride_cb, stride_cs, stride_cd,  # cache strides: block, row in block, dim
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+        MASKED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ):
+        offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+        offs_d = tl.arange(0, BLOCK_D)
+        # Unmasked tiles (the bulk of a long context) load without predicates so loads stay vectorized.
+        if MASKED:
+            n_mask = offs_n < load_end
+            blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE).to(tl.int64)
+        row_off = blk * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs  # (BLOCK_N,)
+        kv_off = row_off[:, None] + offs_d[None, :] * stride_cd  # (BLOCK_N, BLOCK_D)
+        if MASKED:
+            kv_mask = n_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        elif BLOCK_D != HEAD_DIM:
+            d_mask = (offs_d < HEAD_DIM)[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=d_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=d_mask, other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + kv_off)
+            v = tl.load(v_cache_ptr + kv_off)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+
+        s = mma(q, tl.trans(k), UPCAST, PREC) * qk_scale  # (BLOCK_M, BLOCK_N) f32, log2 domain
+        if MASKED:
+            s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))
+        # Every row sees at least one key in the first tile it processes (callers guarantee it), so m_new is
+        # finite from then on and no exp2(-inf - -inf) NaN can appear.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile (m_i = -inf)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, UPCAST, PREC)
+        return acc, l_i, m_new

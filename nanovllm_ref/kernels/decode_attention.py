@@ -1,0 +1,222 @@
+"""Paged decode attention: one query token per sequence, attending to its whole cached context.
+
+Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
+- Decode is memory bound (each KV byte is used by only `group = num_heads // num_kv_heads` query heads), so
+  the design goal is to read every KV byte exactly once at full HBM bandwidth.
+- GQA: one program owns one (sequence, KV head, split) and all `group` query heads of that KV head, as rows
+  of a `(BLOCK_G, head_dim)` query tile padded to >= 16 rows so the two products are `tl.dot`s (tensor cores,
+  no per-head re-reads of K/V). The padding costs only idle MMA rows: decode has FLOPs to spare.
+- Flash-decoding (Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", PyTorch blog,
+  2023): when batch x KV heads does not fill the GPU, each sequence's context is cut into `num_splits`
+  chunks processed by separate programs, each producing an unnormalized partial (max, sum, acc) in float32;
+  a small reduce kernel merges them with the log-sum-exp rescaling. Chunks are multiples of BLOCK_N and are
+  computed per sequence from its own length on device, so short sequences do not idle long splits.
+- `num_splits` is chosen on the host from shapes only (batch x KV heads vs SM count, and an upper bound of
+  the context: `max_seq_len` if given, else the block-table width x block size), so the wrapper never syncs
+  and allocates only shape-determined buffers: it is CUDA-graph capturable. With one split the kernel
+  writes the output directly and the reduce launch is skipped.
+- Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
+  page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
+Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
+into tile rows) and paged attention v2 (split-K + reduce), FlashAttention-2 for the online softmax.
+
+`NANOVLLM_REF_SLOW_KERNELS=1` (read at each call) deliberately halves BLOCK_N and turns off software
+pipelining: perf tests use it to prove that the bandwidth regression gate trips.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .prefill_attention import prefill_attention_reference
+
+try:
+    import triton
+    import triton.language as tl
+
+    from ._triton_common import LOG2E, attend_tile, dot_precision, num_sms, upcast_dots
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def decode_attention_reference(
+    q: torch.Tensor,  # (num_seqs, num_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
+    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the query token
+    scale: float,
+) -> torch.Tensor:  # (num_seqs, num_heads, head_dim)
+    query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return prefill_attention_reference(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_split_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+        out_ptr,  # (num_seqs, num_heads, head_dim), written only when NUM_SPLITS == 1
+        part_acc_ptr,  # (num_seqs, num_heads, NUM_SPLITS, HEAD_DIM) f32, unnormalized
+        part_ml_ptr,  # (num_seqs, num_heads, NUM_SPLITS, 2) f32: running max (log2 domain), sum
+        qk_scale,
+        stride_qs, stride_qh, stride_qd,
+        stride_os, stride_oh, stride_od,
+        stride_cb, stride_cs, stride_ch, stride_cd,
+        stride_bt,
+        group,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + seq)
+        # this split's keys: [start, end); chunk is a multiple of BLOCK_N so only the last tile is partial
+        chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        heads = kvh * group + offs_g  # (BLOCK_G,) query heads of this KV head
+        g_mask = offs_g < group
+        d_mask = offs_d < HEAD_DIM
+        q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+        q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
+
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        k_base = k_cache_ptr + kvh * stride_ch
+        v_base = v_cache_ptr + kvh * stride_ch
+        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        row_end = tl.full([BLOCK_G], 0, tl.int32) + end
+        for n0 in range(start, full_end, BLOCK_N):
+            acc, l_i, m_i = attend_tile(
+                acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale,
+                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC)
+        if full_end < end:  # the split's last, partial tile
+            acc, l_i, m_i = attend_tile(
+                acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
+                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
+
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        if NUM_SPLITS == 1:
+            # seq_len == 0 (a padded batch slot): l = 0, acc = 0 -> output 0, as the reference gives
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+            tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            # empty split (context shorter than the splits): m = -inf, l = 0, acc = 0; the reduce weighs it 0
+            row = (seq.to(tl.int64) * (group * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # (BLOCK_G,)
+            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+            tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+
+    @triton.jit
+    def _decode_reduce_kernel(
+        part_acc_ptr, part_ml_ptr, out_ptr,
+        stride_os, stride_oh, stride_od,
+        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        s_mask = offs_s < NUM_SPLITS
+        row = (seq.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + offs_s  # (BLOCK_S,)
+        m = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"))
+        l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (seq_len 0): avoid -inf - -inf
+        w = tl.exp2(m - m_max)  # (BLOCK_S,) each split's rescale factor; 0 for empty splits
+        denom = tl.sum(l * w, 0)
+        acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # (BLOCK_S, BLOCK_D)
+        o = tl.sum(acc * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+        o_off = seq.to(tl.int64) * stride_os + head * stride_oh + offs_d * stride_od
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def decode_tile_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+    """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS)."""
+    block_n = 64 if head_dim <= 128 and dtype != torch.float32 else 32
+    cfg = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+    if os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") == "1":
+        cfg = {"BLOCK_N": max(16, block_n // 2), "num_warps": 4, "num_stages": 1}
+    return cfg
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, sms: int) -> int:
+    """Split the context only when batch x KV heads leaves SMs idle (a few resident programs per SM hide
+    latency); never give a split fewer than 4 tiles of keys (the partial write + reduce would dominate)."""
+    units = num_seqs * num_kv_heads
+    if units >= 3 * sms:
+        return 1
+    splits = triton.cdiv(4 * sms, units)
+    return max(1, min(splits, max_context // (4 * block_n), 64))
+
+
+def decode_workspace_numel(num_seqs: int, num_heads: int, head_dim: int, num_splits: int) -> int:
+    """float32 elements of the `workspace` tensor `decode_attention` needs for `num_splits` > 1."""
+    return num_seqs * num_heads * num_splits * (head_dim + 2)
+
+
+def decode_attention(
+    q: torch.Tensor,  # (num_seqs, num_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
+    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the query token
+    scale: float,
+    *,
+    max_seq_len: int | None = None,  # optional upper bound of seq_lens (only steers num_splits)
+    num_splits: int | None = None,  # override the heuristic (tests, tuning)
+    out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
+    workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
+) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
+    """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
+    assert triton is not None, "decode_attention needs triton; use decode_attention_reference"
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    cfg = decode_tile_config(head_dim, q.dtype)
+    block_n = cfg.pop("BLOCK_N")
+    if num_splits is None:
+        max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_context, block_n, num_sms(q.device))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if num_splits > 1:
+        numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
+        if workspace is None:
+            workspace = torch.empty(numel, dtype=torch.float32, device=q.device)
+        assert workspace.dtype == torch.float32 and workspace.numel() >= numel
+        part_acc = workspace[: num_seqs * num_heads * num_splits * head_dim]
+        part_ml = workspace[part_acc.numel() : numel]
+    else:
+        part_acc = part_ml = out  # unused
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+        scale * LOG2E,
+        *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
+        group,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), **cfg,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_acc, part_ml, out, *out.stride(),
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            HEAD_DIM=head_dim, num_warps=4 if head_dim * num_splits > 2048 else 2,
+        )
+    return out

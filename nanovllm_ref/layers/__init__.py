@@ -1,0 +1,1 @@
+"""Model building blocks: parallel linears, embeddings, RMSNorm, RoPE, activation, attention, sampler."""

@@ -1,0 +1,125 @@
+"""Tensor-parallel linear layers with load-time sharding (Megatron-LM's column/row split).
+
+Each parameter carries a `weight_loader(param, loaded, shard_id)` that copies this rank's slice of a full
+checkpoint tensor, so the loader never needs to know about TP. Column-parallel layers split the output
+features; row-parallel layers split the input features and all-reduce, so one attention or MLP block
+costs one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import all_reduce, divide, tp_rank, tp_size
+
+
+def _check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(f"shape mismatch: checkpoint has {tuple(loaded.shape)}, model expects {tuple(expected)}")
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+        super().__init__()
+        self.input_size, self.output_size = input_size, output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        _check_shape(param, loaded, param.shape)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    pass
+
+
+class ColumnParallelLinear(LinearBase):
+    """Splits output features across ranks; the output stays sharded."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, divide(output_size, tp_size(), "output size"), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        rows = param.shape[0]
+        _check_shape(param, loaded, (rows * tp_size(), *param.shape[1:]))
+        param.data.copy_(loaded.narrow(0, tp_rank() * rows, rows))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs stored in one matrix (gate_proj and up_proj -> gate_up_proj)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        size = self.output_sizes[shard_id]
+        offset = sum(self.output_sizes[:shard_id]) // tp_size()
+        _check_shape(param, loaded, (size, *param.shape[1:]))
+        shard = size // tp_size()
+        param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, tp_rank() * shard, shard))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matrix; heads split across ranks, KV heads replicated when
+    there are fewer KV heads than ranks (each rank keeps the KV head its query heads read)."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+        tp = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, tp, "num_attention_heads")
+        if num_kv_heads >= tp:
+            self.num_kv_heads = divide(num_kv_heads, tp, "num_key_value_heads")
+            self.kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.kv_replicas = divide(tp, num_kv_heads, "tensor_parallel_size vs num_key_value_heads")
+        self.total_num_kv_heads = num_kv_heads
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden, out, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        d = self.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        if shard_id == "q":
+            offset, size, start = 0, q_size, tp_rank() * q_size
+            full = q_size * tp_size()
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, start = kv_size, (tp_rank() // self.kv_replicas) * kv_size
+            full = self.total_num_kv_heads * d
+        _check_shape(param, loaded, (full, *param.shape[1:]))
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Splits input features across ranks and sums the partial products (one all-reduce)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if param.dim() == 1:  # the bias is added once, after the reduction
+            _check_shape(param, loaded, param.shape)
+            param.data.copy_(loaded)
+            return
+        cols = param.shape[1]
+        _check_shape(param, loaded, (param.shape[0], cols * tp_size()))
+        param.data.copy_(loaded.narrow(1, tp_rank() * cols, cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tp_size() == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = all_reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y

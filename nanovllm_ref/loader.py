@@ -1,0 +1,88 @@
+"""Load Hugging Face safetensors checkpoints into a model (safetensors only: never pickle).
+
+Checkpoint names are mapped onto the model's packed parameters through `packed_modules_mapping`
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj); each parameter's `weight_loader` does the TP slicing and
+the shape check. Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def safetensors_files(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} is not a folder")
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")
+    return files
+
+
+def _target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
+    for src, (dst, shard_id) in mapping.items():
+        if f".{src}." in name:
+            return name.replace(f".{src}.", f".{dst}."), shard_id
+    return name, None
+
+
+def load_weights(model: nn.Module, path: str) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    mapping = getattr(model, "packed_modules_mapping", {})
+    tied = getattr(model, "tie_word_embeddings", False)
+    loaded: set[str] = set()
+    for file in safetensors_files(path):
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                        continue
+                    target, shard_id = _target(name, mapping)
+                    param = params.get(target)
+                    if param is None:
+                        raise ValueError(f"checkpoint tensor {name!r} has no counterpart in the model")
+                    tensor = f.get_tensor(name)
+                    try:
+                        param.weight_loader(param, tensor, shard_id) if hasattr(param, "weight_loader") else (
+                            _copy_checked(param, tensor)
+                        )
+                    except ValueError as e:
+                        raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+                    loaded.add(target if shard_id is None else f"{target}#{shard_id}")
+        except ValueError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+            raise ValueError(f"cannot read {os.path.basename(file)!r} in {path!r}: {e}") from e
+    _check_complete(model, params, mapping, loaded, tied)
+
+
+def _copy_checked(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise ValueError(f"shape mismatch: checkpoint has {tuple(tensor.shape)}, model expects {tuple(param.shape)}")
+    param.data.copy_(tensor)
+
+
+def _check_complete(model: nn.Module, params: dict, mapping: dict, loaded: set[str], tied: bool) -> None:
+    shards_of: dict[str, set] = {}
+    for dst, shard_id in mapping.values():
+        shards_of.setdefault(dst, set()).add(shard_id)
+    missing = []
+    for name in params:
+        if tied and name == "lm_head.weight":
+            continue
+        packed = next((d for d in shards_of if name.endswith(f".{d}.weight") or name.endswith(f".{d}.bias")), None)
+        if packed is None:
+            if name not in loaded:
+                missing.append(name)
+        else:
+            missing += [f"{name}[{s}]" for s in sorted(shards_of[packed], key=str) if f"{name}#{s}" not in loaded]
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint is missing tensors for: {missing[:5]}{more}")

@@ -1,0 +1,12 @@
+"""Qwen2: the Qwen3 decoder with a bias on q/k/v and no q/k RMSNorm (transformers' `Qwen2ForCausalLM`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .qwen3 import Qwen3ForCausalLM
+
+
+class Qwen2ForCausalLM(Qwen3ForCausalLM):
+    def arch_flags(self, cfg: Any) -> dict:
+        return {"qkv_bias": True, "o_bias": False, "qk_norm": False, "mlp_bias": False}

@@ -1,0 +1,139 @@
+"""Qwen3 (and, through flags, the Qwen2 / Llama family): a pre-norm decoder with GQA, RoPE and SwiGLU.
+
+Follows transformers' `modeling_qwen3.py` arithmetic (RMSNorm on q/k per head before RoPE, residual adds
+in the model dtype) with packed qkv / gate_up projections and TP-sharded layers. References: Qwen3
+technical report; transformers `Qwen3ForCausalLM`; nano-vllm `qwen3.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention import AttentionBackend
+from ..distributed import tp_size
+from ..layers.activation import SiluAndMul
+from ..layers.attention import Attention
+from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding, rope_parameters
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+        super().__init__()
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, self.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, flags["qkv_bias"]
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * self.head_dim, cfg.hidden_size, flags["o_bias"]
+        )
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
+        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, rope_parameters(cfg))
+        scale = self.head_dim**-0.5
+        self.attn = Attention(backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, scale))
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
+        k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
+        v = v.reshape(n, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v)  # (num_tokens, num_heads, head_dim)
+        return self.o_proj(out.reshape(n, q_size))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, cfg: Any, bias: bool) -> None:
+        super().__init__()
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(cfg, backend_cls, flags)
+        self.mlp = DecoderMLP(cfg, flags["mlp_bias"])
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend_cls, flags) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None  # (num_tokens, hidden)
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """transformers' `Qwen3ForCausalLM`: q/k RMSNorm, no qkv bias."""
+
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def arch_flags(self, cfg: Any) -> dict:
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": True, "mlp_bias": False}
+
+    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend]) -> None:
+        super().__init__()
+        self.check_config(cfg)
+        self.model = DecoderModel(cfg, backend_cls, self.arch_flags(cfg))
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def check_config(self, cfg: Any) -> None:
+        if cfg.num_attention_heads % tp_size():
+            raise ValueError(
+                f"num_attention_heads ({cfg.num_attention_heads}) is not divisible by "
+                f"tensor_parallel_size ({tp_size()})"
+            )
+        if getattr(cfg, "use_sliding_window", False):
+            raise ValueError("use_sliding_window=True is not supported for this architecture")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head(hidden)

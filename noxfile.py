@@ -1,0 +1,60 @@
+"""Developer and CI entry points. Every session installs the CPU build of torch first (an unpinned
+`torch` would pull a multi-GB CUDA build), then the project with its test extras."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH_CPU = "torch==2.13.0"
+
+
+def _install(session: nox.Session, extras: str = "test,gpu") -> None:
+    session.install(TORCH_CPU)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything CI runs: unit, property, kernel (Triton interpreter) and conformance tests."""
+    _install(session)
+    session.run("python", "-m", "golden.verify")
+    session.run("pytest", "tests", "conformance", "-q", "-p", "no:cacheprovider", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table."""
+    _install(session)
+    session.run("python", "-m", "golden.verify")
+    session.run("pytest", "conformance", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session(name="conformance-thorough")
+def conformance_thorough(session: nox.Session) -> None:
+    """Property tests with the long Hypothesis profile (10,000+ examples each)."""
+    _install(session)
+    session.run("pytest", "tests/properties", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "thorough"})
+
+
+@nox.session
+def golden(session: nox.Session) -> None:
+    """Regenerate golden/ checkpoints and outputs with transformers (explicit only; CI never does)."""
+    _install(session)
+    session.run("python", "-m", "golden.make", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def perf(session: nox.Session) -> None:
+    """The perf suite (GPU numbers on a GPU machine; CPU smoke variants elsewhere)."""
+    _install(session)
+    session.run("pytest", "perf", *session.posargs)

@@ -29,9 +29,19 @@ def gather_last_dim_to_first_rank(x: torch.Tensor) -> torch.Tensor | None:
     """Concatenate every rank's shard along the last dim on rank 0; other ranks get None."""
     if tp_size() == 1:
         return x
-    shards = [torch.empty_like(x) for _ in range(tp_size())] if tp_rank() == 0 else None
-    dist.gather(x.contiguous(), shards, dst=0)
-    return torch.cat(shards, dim=-1) if shards is not None else None
+    y = x.float() if x.device.type == "cpu" else x.contiguous()  # gloo gathers float32 reliably
+    shards = [torch.empty_like(y) for _ in range(tp_size())] if tp_rank() == 0 else None
+    dist.gather(y, shards, dst=0)
+    return torch.cat(shards, dim=-1).to(x.dtype) if shards is not None else None
+
+
+def all_reduce_min(value: int, device: torch.device) -> int:
+    """The smallest of every rank's value (so all ranks size their KV cache alike)."""
+    if tp_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:

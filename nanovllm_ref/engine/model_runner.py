@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
-from ..distributed import tp_rank
+from ..distributed import all_reduce_min, tp_rank
 from ..layers.attention import Attention
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
 from ..loader import load_weights
@@ -79,6 +79,7 @@ class ModelRunner:
             num_blocks = int(spec.kv_cache_memory_gb * 2**30) // self._block_bytes()
             useful = spec.max_num_seqs * -(-spec.max_model_len // spec.block_size)
             num_blocks = min(num_blocks, useful)  # more than every sequence at full length is never used
+        num_blocks = all_reduce_min(num_blocks, self.device)
         if num_blocks < 1:
             raise ValueError("the KV cache budget leaves no room for a single block")
         self._set_kv_cache(num_blocks)

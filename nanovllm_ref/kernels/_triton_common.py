@@ -56,15 +56,6 @@ def num_sms(device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit
-    def mma(a, b, UPCAST: tl.constexpr, PREC: tl.constexpr):
-        """a @ b in float32; see upcast_dots for UPCAST."""
-        if UPCAST:
-            res = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        else:
-            res = tl.dot(a, b, input_precision=PREC)
-        return res
-
-    @triton.jit
     def attend_tile(
         acc, l_i, m_i,  # running state: (BLOCK_M, BLOCK_D) f32, (BLOCK_M,) f32, (BLOCK_M,) f32 (log2 domain)
         q,  # (BLOCK_M, BLOCK_D), zero in padded rows/columns
@@ -102,7 +93,12 @@ if triton is not None:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
 
-        s = mma(q, tl.trans(k), UPCAST, PREC) * qk_scale  # (BLOCK_M, BLOCK_N) f32, log2 domain
+        # (the two products are written out rather than in a helper: nested jit calls are slow to interpret)
+        if UPCAST:  # interpreter: see upcast_dots
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        s = s * qk_scale  # (BLOCK_M, BLOCK_N) f32, log2 domain
         if MASKED:
             s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))
         # Every row sees at least one key in the first tile it processes (callers guarantee it), so m_new is
@@ -111,5 +107,10 @@ if triton is not None:
         alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile (m_i = -inf)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, UPCAST, PREC)
+        p = p.to(v.dtype)  # P in the K/V dtype for the second product, as FlashAttention does
+        if UPCAST:
+            pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p, v, input_precision=PREC)
+        acc = acc * alpha[:, None] + pv
         return acc, l_i, m_new

@@ -2,11 +2,25 @@
 
 transformers computes `residual = x + residual` in the model dtype, normalizes in float32, casts back to
 the model dtype, then multiplies by the weight in the model dtype; the reference does exactly that.
+
+Triton kernel (`rms_norm`): one program per token row holding the whole (padded, masked) hidden vector in
+registers, so x and residual are read once and the sum, the normalized output and the new residual are
+written once (the fused add + norm of vLLM's `fused_add_rms_norm`). It keeps the reference's arithmetic
+order: every 16-bit op is done in float32 and rounded back to the model dtype at the same points as eager
+PyTorch (a float32 sum or product of two 16-bit values is exact, so one rounding gives the 16-bit result).
+Only the float32 reduction order and the hardware rsqrt differ from the reference: results agree to float32
+rounding before the final cast, not bitwise.
 """
 
 from __future__ import annotations
 
 import torch
+
+try:  # the reference must import on machines without triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
 
 
 def rms_norm_reference(
@@ -22,3 +36,64 @@ def rms_norm_reference(
     h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
     out = weight * h.to(x.dtype)
     return out if residual is None else (out, residual)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(
+        x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+        stride_x, stride_r, stride_o, stride_ro,  # row strides
+        hidden, eps,
+        BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < hidden
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # (BLOCK,) model dtype
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the add, in model dtype
+            tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+        h = x.to(tl.float32)
+        var = tl.sum(h * h, 0) / hidden  # padded lanes are 0
+        h = h * tl.rsqrt(var + eps)
+        y = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # cast back to the model dtype, as the reference
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_o + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor,  # (num_tokens, hidden)
+    weight: torch.Tensor,  # (hidden,)
+    eps: float,
+    residual: torch.Tensor | None = None,  # (num_tokens, hidden)
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `rms_norm_reference`: returns `out`, or `(out, x + residual)` (new tensors)."""
+    assert triton is not None, "rms_norm needs triton; use rms_norm_reference"
+    shape, hidden = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)  # `weight * h` promotes as torch does
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    if residual is not None:
+        assert residual.shape == shape and residual.dtype == x.dtype
+        r2 = residual.reshape(-1, hidden)
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+        res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    else:
+        r2 = res_out = x2  # unused
+    weight = weight.contiguous()
+    block = triton.next_power_of_2(hidden)
+    num_warps = max(1, min(16, block // 256))  # ~8 elements per thread
+    if x2.shape[0] > 0:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, res_out,
+            x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
+            hidden, eps,
+            BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
+        )
+    out = out.view(shape)
+    return out if residual is None else (out, res_out.view(shape))

@@ -41,6 +41,7 @@ class Config:
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
     seed: int = 0
+    load_format: str = "auto"  # "dummy": random weights, for benchmarks (the folder needs only config.json)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -70,6 +71,8 @@ class Config:
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
         _check_int("seed", self.seed, 0)
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> Config:

@@ -86,3 +86,15 @@ def _check_complete(model: nn.Module, params: dict, mapping: dict, loaded: set[s
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint is missing tensors for: {missing[:5]}{more}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0, scale: float = 1e-3) -> None:
+    """Random weights for benchmarks without a checkpoint (vLLM's load_format="dummy"): uniform in
+    [-scale, scale], norms at 1, drawn on the parameters' device so no host memory is needed."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.uniform_(-scale, scale, generator=gen)

@@ -22,8 +22,8 @@ def resolve_backend_name(name: str, device: str) -> str:
         return "flash_attn" if importlib.util.find_spec("flash_attn") else "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
-    if name != "torch" and device == "cpu":
-        raise ValueError(f"attention_backend {name!r} needs device 'cuda'; on the CPU use 'torch'")
+    if name == "flash_attn" and device == "cpu":
+        raise ValueError("attention_backend 'flash_attn' needs device 'cuda'; on the CPU use 'torch'")
     return name
 
 

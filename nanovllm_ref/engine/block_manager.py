@@ -79,6 +79,8 @@ class BlockManager:
 
         All or nothing: returns False and changes nothing if the free blocks do not suffice.
         """
+        if not cached_blocks and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
+            return True  # fits in the blocks it has (most decode steps)
         total = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         num_new_blocks = self.blocks_needed(total) - len(seq.block_table) - len(cached_blocks)
         revived = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
@@ -109,7 +111,10 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks of `seq` that became full and computed, so later requests can share them."""
         bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        num_full = seq.num_computed_tokens // bs
+        if num_full == len(seq.block_hashes):
+            return
+        for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else 0
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
             h = hash_block(parent, tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .scheduler import SchedulerOutput
+from .sequence import Sequence
 
 
 @dataclass
@@ -44,27 +45,26 @@ class StepInput:
 
 def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     step = StepInput()
+    input_ids, positions, slots = step.input_ids, step.positions, step.slot_mapping
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-        first_row = len(step.input_ids)
-        step.input_ids += seq.token_ids[start:end]
-        step.positions += range(start, end)
+        first_row = len(input_ids)
         table = seq.block_table
-        step.slot_mapping += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        if num_new == 1:  # the decode fast path: most rows of most steps
+            input_ids.append(seq.token_ids[start])
+            positions.append(start)
+            slots.append(table[start // block_size] * block_size + start % block_size)
+        else:
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
         step.query_start_loc.append(first_row + num_new)
         step.seq_lens.append(end)
         step.block_tables.append(table)
         params = seq.params
-        # logits at position p give the logprob of prompt token p + 1; a recompute after preemption
-        # skips the positions already reported
-        first = max(start, len(seq.prompt_logprobs or ()) - 1)
-        last = min(end, seq.num_prompt_tokens - 1)
-        if params.prompt_logprobs is not None and first < last:
-            rows = list(range(len(step.logits_indices), len(step.logits_indices) + last - first))
-            step.logits_indices += range(first_row + first - start, first_row + last - start)
-            targets = seq.token_ids[first + 1 : last + 1]
-            step.prompt_logprobs.append((seq.seq_id, rows, targets, params.prompt_logprobs))
-        if out.samples(seq, num_new):
+        if params.prompt_logprobs is not None:
+            _add_prompt_logprobs(step, seq, start, end, first_row)
+        if end == len(seq.token_ids):  # this step reaches the last known token: sample the next one
             step.sample_seq_ids.append(seq.seq_id)
             step.sample_rows.append(len(step.logits_indices))
             step.logits_indices.append(first_row + num_new - 1)
@@ -72,6 +72,18 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
             step.top_k.append(params.top_k)
             step.top_p.append(float(params.top_p))
             step.seeds.append(seq.seed)
-            step.counters.append(seq.num_tokens)
+            step.counters.append(end)
             step.num_logprobs.append(-1 if params.logprobs is None else params.logprobs)
     return step
+
+
+def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, first_row: int) -> None:
+    # logits at position p give the logprob of prompt token p + 1; a recompute after preemption
+    # skips the positions already reported
+    first = max(start, len(seq.prompt_logprobs) - 1)
+    last = min(end, seq.num_prompt_tokens - 1)
+    if first < last:
+        rows = list(range(len(step.logits_indices), len(step.logits_indices) + last - first))
+        step.logits_indices += range(first_row + first - start, first_row + last - start)
+        targets = seq.token_ids[first + 1 : last + 1]
+        step.prompt_logprobs.append((seq.seq_id, rows, targets, seq.params.prompt_logprobs))

@@ -82,7 +82,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
         kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
-        enforce_eager=config.enforce_eager,
+        enforce_eager=config.enforce_eager, load_format=config.load_format,
     )
 
 

@@ -15,8 +15,9 @@ from ..attention import AttentionMetadata, forward_context, get_backend_class
 from ..distributed import all_reduce_min, tp_rank
 from ..layers.attention import Attention
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
-from ..loader import load_weights
+from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
+from .cuda_graph import DecodeGraphs
 from .inputs import StepInput
 
 
@@ -44,6 +45,7 @@ class RunnerSpec:
     kv_cache_memory_gb: float
     gpu_memory_utilization: float
     enforce_eager: bool
+    load_format: str = "auto"
 
 
 class ModelRunner:
@@ -60,9 +62,18 @@ class ModelRunner:
                 self.model = get_model_class(hf_config)(hf_config, backend_cls)
         finally:
             torch.set_default_dtype(default_dtype)
-        load_weights(self.model, spec.model_path)
+        if spec.load_format == "dummy":
+            init_dummy_weights(self.model, seed=0)
+        else:
+            load_weights(self.model, spec.model_path)
+        self.graphs: DecodeGraphs | None = None
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kvcache_blocks = self._allocate_kv_cache()
+        if self.device.type == "cuda" and not spec.enforce_eager:
+            self.graphs = DecodeGraphs(
+                self.model, hf_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
+                -(-spec.max_model_len // spec.block_size),
+            )
 
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
@@ -146,6 +157,8 @@ class ModelRunner:
         )
 
     def compute_hidden(self, step: StepInput) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(step):
+            return self.graphs.run(step)
         input_ids = self._tensor(step.input_ids, torch.int64)
         positions = self._tensor(step.positions, torch.int64)
         with forward_context(self.metadata(step)):

@@ -76,7 +76,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             while not self.block_manager.allocate(seq, num_new):
                 victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
                 self._preempt(victim)
@@ -112,11 +112,12 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> next token. Returns the finished ones."""
         finished = []
+        cache_full_blocks = self.block_manager.cache_full_blocks
         for seq, num_new in out.scheduled:
-            if seq.is_finished:  # aborted or failed while the step ran
+            if seq.status is SequenceStatus.FINISHED:  # aborted or failed while the step ran
                 continue
             seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(seq)
+            cache_full_blocks(seq)
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
@@ -129,9 +130,10 @@ class Scheduler:
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        num_tokens = len(seq.token_ids)
+        if num_tokens - seq.num_prompt_tokens >= p.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 

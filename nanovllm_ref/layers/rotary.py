@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
+from ..kernels.rotary import apply_rotary, apply_rotary_reference, rope_cos_sin_cache
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -63,7 +63,5 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return (
-            apply_rotary_reference(q, positions, self.cos_sin_cache),
-            apply_rotary_reference(k, positions, self.cos_sin_cache),
-        )
+        rotate = apply_rotary if q.is_cuda else apply_rotary_reference
+        return rotate(q, positions, self.cos_sin_cache), rotate(k, positions, self.cos_sin_cache)

@@ -1,0 +1,89 @@
+"""CUDA graphs for decode steps: one captured forward per batch size over persistent input buffers.
+
+A decode step with n sequences replays the graph of the smallest captured size >= n; the step's inputs
+are copied into the persistent buffers in place (no per-step allocation on the device), padded rows get
+slot -1 (their K/V is not stored) and context length 0. The block-table buffer is as wide as
+ceil(max_model_len / block_size) blocks, so no block table at run time can outgrow the captured shape
+(nano-vllm rounded down and crashed). Only the model forward is captured: logits and sampling run eagerly
+on the rows that exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..attention import AttentionMetadata, forward_context
+from .inputs import StepInput
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 513, 16))
+    return [s for s in sizes if s < max_num_seqs] + [min(max_num_seqs, 512)]
+
+
+class DecodeGraphs:
+    def __init__(
+        self, model: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device,
+        max_num_seqs: int, max_blocks_per_seq: int,
+    ) -> None:
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_batch = self.sizes[-1]
+        n, width = self.max_batch, max_blocks_per_seq
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
+        # host staging: pinned, filled with numpy, copied with one transfer per buffer
+        self.host_tables = torch.zeros(n, width, dtype=torch.int32, pin_memory=True)
+        self.host_vectors = torch.zeros(4, n, dtype=torch.int64, pin_memory=True)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.max_model_len = width  # only an upper bound for the kernels' split heuristics
+        self._capture(model)
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], max_query_len=1,
+            max_seq_len=self.block_tables.shape[1],
+        )
+
+    @torch.inference_mode()
+    def _capture(self, model: Callable) -> None:
+        pool = None
+        for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
+            with forward_context(self._meta(bs)):
+                model(self.input_ids[:bs], self.positions[:bs])  # warm-up: Triton compiles outside capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.hidden[:bs] = model(self.input_ids[:bs], self.positions[:bs])
+            pool = graph.pool() if pool is None else pool
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+
+    def can_run(self, step: StepInput) -> bool:
+        return step.max_query_len == 1 and len(step.seq_lens) <= self.max_batch
+
+    def run(self, step: StepInput) -> torch.Tensor:  # (num_seqs, hidden)
+        n = len(step.seq_lens)
+        bs = next(s for s in self.sizes if s >= n)
+        vec = self.host_vectors.numpy()
+        for row, values in enumerate((step.input_ids, step.positions, step.slot_mapping, step.seq_lens)):
+            vec[row, :n] = values
+        vec[2, n:bs], vec[3, n:bs] = -1, 0
+        width = max(len(t) for t in step.block_tables)
+        tables = self.host_tables.numpy()
+        for i, table in enumerate(step.block_tables):
+            tables[i, : len(table)] = table
+        self.input_ids[:bs].copy_(self.host_vectors[0, :bs], non_blocking=True)
+        self.positions[:bs].copy_(self.host_vectors[1, :bs], non_blocking=True)
+        self.slot_mapping[:bs].copy_(self.host_vectors[2, :bs], non_blocking=True)
+        self.seq_lens[:bs].copy_(self.host_vectors[3, :bs], non_blocking=True)
+        self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
+        self.graphs[bs].replay()
+        return self.hidden[:n]

@@ -1,16 +1,25 @@
-"""Repo-wide pytest setup: Hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev|thorough)."""
+"""Repo-wide pytest setup: Hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev|thorough), and the
+Triton interpreter on machines without a GPU (set before any kernel module defines its @triton.jit)."""
 
 import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci", max_examples=60, derandomize=True, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-settings.register_profile("dev", max_examples=200, deadline=None, print_blob=True)
+settings.register_profile(
+    "dev", max_examples=200, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
 settings.register_profile(
     "thorough", max_examples=10_000, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -60,7 +60,8 @@ def test_greedy_matches_transformers(case, config):
     warm = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in warm] == expected
     cached = sum(o.num_cached_tokens for o in warm)
-    if llm.config.enable_prefix_caching and config != "preempt":
+    has_full_block = max(len(p) for p in prompts) > llm.config.kvcache_block_size
+    if llm.config.enable_prefix_caching and config != "preempt" and has_full_block:
         assert cached > 0
     if not llm.config.enable_prefix_caching:
         assert cached == 0

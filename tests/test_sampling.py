@@ -99,3 +99,20 @@ def test_logprobs_shape_and_consistency(llm):
         assert entry[token] == max(entry.values())  # greedy picks the top logprob
     for token, entry in zip([6, 7, 8], out.prompt_logprobs[1:]):
         assert token in entry and len(entry) in (3, 4) and all(v <= 0 for v in entry.values())
+
+
+@pytest.mark.parametrize("vocab", [1000, 5003, 151_936])
+def test_gumbel_kernel_matches_reference(vocab):
+    from nanovllm_ref.kernels.sampling import gumbel_sample, gumbel_sample_reference, row_keys
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(vocab)
+    n = 5
+    logits = (torch.randn(n, vocab, generator=gen) * 3).to(device)
+    logits[0, ::3] = float("-inf")  # masked entries (top-k/top-p) must never be drawn
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0], device=device)
+    keys = row_keys(torch.arange(n, device=device) * 7919 + 3, torch.arange(n, device=device) + 11)
+    expected = gumbel_sample_reference(logits, temperature, keys)
+    got = gumbel_sample(logits, temperature, keys)
+    assert torch.equal(got, expected)
+    assert got[0] % 3 != 0

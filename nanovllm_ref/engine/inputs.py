@@ -37,6 +37,15 @@ class StepInput:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
+    def logits_rows_are_all_rows(self) -> bool:
+        """True in pure decode steps: every token row is a logits row, in order (no gather needed)."""
+        n = len(self.logits_indices)
+        return n == len(self.input_ids) and (n == 0 or self.logits_indices[-1] == n - 1)
+
+    def sample_rows_are_all_rows(self) -> bool:
+        n = len(self.sample_rows)
+        return n == len(self.logits_indices) and (n == 0 or self.sample_rows[-1] == n - 1)
+
     @property
     def max_query_len(self) -> int:
         q = self.query_start_loc

@@ -74,6 +74,8 @@ class ModelRunner:
                 self.model, hf_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
                 -(-spec.max_model_len // spec.block_size),
             )
+        if self.device.type == "cuda":
+            self._compile_warmup()
 
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
@@ -141,6 +143,28 @@ class ModelRunner:
             layer.kv_cache = None
         torch.cuda.empty_cache()
 
+    @torch.inference_mode()
+    def _compile_warmup(self) -> None:
+        """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
+        so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
+        for q_len, num_seqs in ((32, 1), (2, 2)):
+            step = StepInput()
+            for _ in range(num_seqs):
+                step.input_ids += [0] * q_len
+                step.positions += range(q_len)
+                step.slot_mapping += [-1] * q_len
+                step.query_start_loc.append(step.query_start_loc[-1] + q_len)
+                step.seq_lens.append(q_len)
+                step.block_tables.append([0] * -(-q_len // self.spec.block_size))
+                step.logits_indices.append(step.query_start_loc[-1] - 1)
+            logits = self.model.compute_logits(self.compute_hidden(step))
+            if logits is not None:
+                n = logits.shape[0]
+                ones = torch.ones(n, device=self.device)
+                zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+                sample(logits, SamplingBatch(ones, zeros, ones, zeros, zeros, needs_filter=False))
+        torch.cuda.synchronize()
+
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
 
@@ -167,42 +191,45 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput | None:
         hidden = self.compute_hidden(step)
-        logits = self.model.compute_logits(hidden[self._tensor(step.logits_indices, torch.int64)])
+        if not step.logits_rows_are_all_rows():
+            hidden = hidden[self._tensor(step.logits_indices, torch.int64)]
+        logits = self.model.compute_logits(hidden)  # (num_logits, vocab), model dtype, on rank 0 only
         if tp_rank() != 0:
             return None
-        return self._sample(step, logits.float())
+        return self._sample(step, logits)
 
     def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
         out = StepOutput()
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
         for seq_id, rows, targets, k in step.prompt_logprobs:
             out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
-        if not step.sample_seq_ids:
+        n = len(step.sample_seq_ids)
+        if n == 0:
             return out
-        rows = self._tensor(step.sample_rows, torch.int64)
+        # two host-to-device copies for all per-request parameters, one device-to-host copy for the results
+        ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
+        floats = self._tensor([step.temperature, step.top_p], torch.float32)
+        sample_logits = logits if step.sample_rows_are_all_rows() else logits[ints[0]]
         batch = SamplingBatch(
-            temperature=self._tensor(step.temperature, torch.float32),
-            top_k=self._tensor(step.top_k, torch.int64),
-            top_p=self._tensor(step.top_p, torch.float32),
-            seeds=self._tensor(step.seeds, torch.int64),
-            counters=self._tensor(step.counters, torch.int64),
+            temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
+            all_greedy=all(t == 0 for t in step.temperature),
         )
-        sample_logits = logits[rows]
-        tokens = sample(sample_logits, batch).tolist()
+        tokens = sample(sample_logits, batch)
+        finite = torch.isfinite(sample_logits).all(dim=-1)
+        tokens_list, finite_list = torch.stack([tokens, finite.long()]).tolist()
         k_max = max(step.num_logprobs)
         if k_max >= 0:
-            chosen_lp, ids, values = top_logprobs(sample_logits, torch.tensor(tokens, device=logits.device), k_max)
+            chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max)
             chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()
         for i, seq_id in enumerate(step.sample_seq_ids):
-            if not finite[step.sample_rows[i]]:
+            if not finite_list[i]:
                 out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
                 continue
-            out.sampled[seq_id] = tokens[i]
+            out.sampled[seq_id] = tokens_list[i]
             k = step.num_logprobs[i]
             if k >= 0:
                 entry = dict(zip(ids[i][:k], values[i][:k]))
-                entry[tokens[i]] = chosen_lp[i]
+                entry[tokens_list[i]] = chosen_lp[i]
                 out.logprobs[seq_id] = entry
         return out
 

@@ -58,24 +58,26 @@ if triton is not None:
     @triton.jit
     def _decode_split_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-        out_ptr,  # (num_seqs, num_heads, head_dim), written only when NUM_SPLITS == 1
-        part_acc_ptr,  # (num_seqs, num_heads, NUM_SPLITS, HEAD_DIM) f32, unnormalized
-        part_ml_ptr,  # (num_seqs, num_heads, NUM_SPLITS, 2) f32: running max (log2 domain), sum
+        out_ptr,  # (num_seqs, num_heads, head_dim), written only when num_splits == 1
+        part_acc_ptr,  # (num_seqs, num_heads, num_splits, HEAD_DIM) f32, unnormalized
+        part_ml_ptr,  # (num_seqs, num_heads, num_splits, 2) f32: running max (log2 domain), sum
         qk_scale,
         stride_qs, stride_qh, stride_qd,
         stride_os, stride_oh, stride_od,
         stride_cb, stride_cs, stride_ch, stride_cd,
         stride_bt,
         group,
+        num_splits,  # runtime, so that split counts do not multiply the compiled variants
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
+        UPCAST: tl.constexpr, PREC: tl.constexpr,
     ):
         seq = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         seq_len = tl.load(seq_lens_ptr + seq)
         # this split's keys: [start, end); chunk is a multiple of BLOCK_N so only the last tile is partial
-        chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
@@ -105,14 +107,14 @@ if triton is not None:
                 stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
 
         out_mask = g_mask[:, None] & d_mask[None, :]
-        if NUM_SPLITS == 1:
+        if DIRECT_OUT:
             # seq_len == 0 (a padded batch slot): l = 0, acc = 0 -> output 0, as the reference gives
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
             tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
             # empty split (context shorter than the splits): m = -inf, l = 0, acc = 0; the reduce weighs it 0
-            row = (seq.to(tl.int64) * (group * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # (BLOCK_G,)
+            row = (seq.to(tl.int64) * (group * tl.num_programs(1)) + heads) * num_splits + split  # (BLOCK_G,)
             tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
             tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
@@ -121,14 +123,15 @@ if triton is not None:
     def _decode_reduce_kernel(
         part_acc_ptr, part_ml_ptr, out_ptr,
         stride_os, stride_oh, stride_od,
-        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+        num_splits,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  # BLOCK_S >= num_splits
     ):
         seq = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, BLOCK_S)
         offs_d = tl.arange(0, BLOCK_D)
-        s_mask = offs_s < NUM_SPLITS
-        row = (seq.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + offs_s  # (BLOCK_S,)
+        s_mask = offs_s < num_splits
+        row = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits + offs_s  # (BLOCK_S,)
         m = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"))
         l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0)
         m_max = tl.max(m, 0)
@@ -178,6 +181,7 @@ def decode_attention(
     num_splits: int | None = None,  # override the heuristic (tests, tuning)
     out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
     workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
+    tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps)
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
     """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
     assert triton is not None, "decode_attention needs triton; use decode_attention_reference"
@@ -189,7 +193,7 @@ def decode_attention(
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    cfg = decode_tile_config(head_dim, q.dtype)
+    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
@@ -208,15 +212,15 @@ def decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
         scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
-        group,
+        group, num_splits,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
-            part_acc, part_ml, out, *out.stride(),
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            part_acc, part_ml, out, *out.stride(), num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
             HEAD_DIM=head_dim, num_warps=4 if head_dim * num_splits > 2048 else 2,
         )
     return out

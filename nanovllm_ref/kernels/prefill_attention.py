@@ -142,12 +142,14 @@ def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query
     block_g = triton.next_power_of_2(group)
     rows = 128 if big else 64
     block_q = max(1, rows // block_g)
-    # short queries (e.g. decode-like q_len 1 in a mixed batch): shrink BLOCK_Q but keep >= 16 MMA rows
-    block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), triton.cdiv(16, block_g))
+    # short queries (e.g. decodes mixed with a short chunk): a smaller BLOCK_Q, but >= 16 MMA rows
+    # only two variants (long / short queries), so a run compiles the kernel at most twice
+    if max_query_len <= 16:
+        block_q = max(min(block_q, 16), triton.cdiv(16, block_g))
     block_m = block_q * block_g
     return {
         "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_M": block_m, "BLOCK_N": 64 if big else 32,
-        "num_warps": 8 if block_m >= 128 else 4, "num_stages": 3 if big else 2,
+        "num_warps": 8 if block_m >= 128 or head_dim > 128 else 4, "num_stages": 3 if big else 2,
     }
 
 
@@ -162,6 +164,7 @@ def prefill_attention(
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
+    tile_config: dict[str, int] | None = None,  # override prefill_tile_config (benchmark sweeps)
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
     assert triton is not None, "prefill_attention needs triton; use prefill_attention_reference"
@@ -177,6 +180,9 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
     cfg = prefill_tile_config(head_dim, q.dtype, group, max_query_len)
+    if tile_config is not None:  # e.g. {"BLOCK_N": 32, "num_stages": 2}; BLOCK_M follows BLOCK_Q x BLOCK_G
+        cfg.update(tile_config)
+        cfg["BLOCK_M"] = cfg["BLOCK_Q"] * cfg["BLOCK_G"]
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,

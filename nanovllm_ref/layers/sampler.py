@@ -13,21 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-_M32 = 0xFFFFFFFF
-
-
-def _pcg_hash(x: torch.Tensor) -> torch.Tensor:  # int64 in [0, 2^32) -> int64 in [0, 2^32)
-    state = (x * 747796405 + 2891336453) & _M32
-    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _M32
-    return ((word >> 22) ^ word) & _M32
+from ..kernels.sampling import gumbel_sample, gumbel_sample_reference, pcg_hash, row_keys
 
 
 def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(n, vocab) float32 uniform in (0, 1) from per-row int64 seeds and counters."""
-    h = _pcg_hash((seeds ^ (seeds >> 32)) & _M32)
-    h = _pcg_hash((h + counters) & _M32)
+    """(n, vocab) float32 uniform in (0, 1): the noise source of sampling, exposed for tests."""
     idx = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = _pcg_hash((h[:, None] + idx[None, :]) & _M32) >> 8  # 24 bits: exact in float32
+    bits = pcg_hash((row_keys(seeds, counters)[:, None] + idx[None, :]) & 0xFFFFFFFF) >> 8
     return (bits.float() + 0.5) * (1.0 / (1 << 24))
 
 
@@ -51,19 +43,20 @@ class SamplingBatch:
     seeds: torch.Tensor  # (n,) int64
     counters: torch.Tensor  # (n,) int64: the position of the token being sampled
     needs_filter: bool  # any row with top-k or top-p
+    all_greedy: bool = False  # known on the host: skips the noise entirely
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # (n, vocab) float32 -> (n,)
-    greedy = logits.argmax(dim=-1)
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # (n, vocab) -> (n,) int64
     temp = batch.temperature
-    if bool((temp == 0).all()):
-        return greedy
-    scaled = logits / torch.where(temp > 0, temp, 1.0)[:, None]
+    if batch.all_greedy:
+        return logits.argmax(dim=-1)
     if batch.needs_filter:
-        scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
-    gumbel = -torch.log(-torch.log(counter_uniform(batch.seeds, batch.counters, logits.shape[-1])))
-    sampled = (scaled.log_softmax(dim=-1) + gumbel).argmax(dim=-1)
-    return torch.where(temp > 0, sampled, greedy)
+        scaled = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]
+        logits = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+        temp = torch.where(temp > 0, 1.0, 0.0)  # already scaled; greedy rows keep their argmax
+    keys = row_keys(batch.seeds, batch.counters)
+    draw = gumbel_sample if logits.is_cuda else gumbel_sample_reference
+    return draw(logits.contiguous(), temp.contiguous(), keys)
 
 
 def top_logprobs(

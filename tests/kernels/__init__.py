@@ -1,0 +1,1 @@
+"""Kernel tests (Triton vs the pure-torch references)."""

@@ -29,6 +29,12 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+def decode_batch_bucket(num_seqs: int) -> int:
+    """The padded batch size of a decode step: a power of two up to 8, then a multiple of 16. CUDA graphs
+    are captured at these sizes, and split-K decisions use them, so eager and graph runs compute alike."""
+    return 1 << (num_seqs - 1).bit_length() if num_seqs <= 8 else -(-num_seqs // 16) * 16
+
+
 _context: contextvars.ContextVar[AttentionMetadata | None] = contextvars.ContextVar("attn_meta", default=None)
 
 

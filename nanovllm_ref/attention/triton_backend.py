@@ -15,7 +15,7 @@ from ..kernels.decode_attention import decode_attention
 from ..kernels.prefill_attention import prefill_attention
 from ..kernels.store_kv import store_kv
 from .base import AttentionBackend
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, decode_batch_bucket
 
 
 class TritonBackend(AttentionBackend):
@@ -33,7 +33,10 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if meta.decode_only:
-            return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
+            return decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
+            )
         return prefill_attention(
             q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale,
             max_query_len=meta.max_query_len,

@@ -15,22 +15,22 @@ from collections.abc import Callable
 import torch
 
 from ..attention import AttentionMetadata, forward_context
+from ..attention.metadata import decode_batch_bucket
 from .inputs import StepInput
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 513, 16))
-    return [s for s in sizes if s < max_num_seqs] + [min(max_num_seqs, 512)]
+    return sorted({decode_batch_bucket(n) for n in range(1, min(max_num_seqs, 512) + 1)})
 
 
 class DecodeGraphs:
     def __init__(
         self, model: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device,
-        max_num_seqs: int, max_blocks_per_seq: int,
+        max_num_seqs: int, max_model_len: int, block_size: int,
     ) -> None:
         self.sizes = capture_sizes(max_num_seqs)
         self.max_batch = self.sizes[-1]
-        n, width = self.max_batch, max_blocks_per_seq
+        n, width = self.max_batch, -(-max_model_len // block_size)
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
@@ -42,14 +42,14 @@ class DecodeGraphs:
         self.host_tables = torch.zeros(n, width, dtype=torch.int32, pin_memory=True)
         self.host_vectors = torch.zeros(4, n, dtype=torch.int64, pin_memory=True)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.max_model_len = width  # only an upper bound for the kernels' split heuristics
+        self.max_model_len = max_model_len  # an upper bound of the context: steers the decode splits
         self._capture(model)
 
     def _meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[: bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], max_query_len=1,
-            max_seq_len=self.block_tables.shape[1],
+            max_seq_len=self.max_model_len,
         )
 
     @torch.inference_mode()

@@ -72,7 +72,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not spec.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model, hf_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
-                -(-spec.max_model_len // spec.block_size),
+                spec.max_model_len, spec.block_size,
             )
         if self.device.type == "cuda":
             self._compile_warmup()
@@ -177,7 +177,7 @@ class ModelRunner:
             seq_lens=self._tensor(step.seq_lens, torch.int32),
             block_tables=self._tensor(tables, torch.int32),
             max_query_len=step.max_query_len,
-            max_seq_len=max(step.seq_lens),
+            max_seq_len=self.spec.max_model_len,  # an upper bound, the same in eager and graph runs
         )
 
     def compute_hidden(self, step: StepInput) -> torch.Tensor:

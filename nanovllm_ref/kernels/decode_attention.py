@@ -179,6 +179,7 @@ def decode_attention(
     *,
     max_seq_len: int | None = None,  # optional upper bound of seq_lens (only steers num_splits)
     num_splits: int | None = None,  # override the heuristic (tests, tuning)
+    split_batch: int | None = None,  # batch size the heuristic sees (a CUDA-graph bucket: eager == graph)
     out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
     workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
     tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps)
@@ -197,7 +198,8 @@ def decode_attention(
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_context, block_n, num_sms(q.device))
+        batch = split_batch or num_seqs
+        num_splits = decode_num_splits(batch, num_kv_heads, max_context, block_n, num_sms(q.device))
     block_d = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)

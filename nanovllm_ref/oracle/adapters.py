@@ -1,0 +1,182 @@
+"""Engine adapters: one small interface through which the conformance suite drives any inference engine.
+
+An adapter runs greedy decoding on token-id prompts with EOS disabled and returns, per prompt, the generated
+tokens, the top-k logprobs of every step and (optionally) the prompt logprobs, as :class:`EngineOutput`.
+Logprobs must be those of the raw model distribution (log-softmax of the float32 logits), as vLLM and
+SGLang return them by default.
+
+Built-ins: ``nanovllm_ref`` (:class:`NanovllmRefAdapter`) and ``hf`` (:class:`HFAdapter`, transformers with
+eager attention, one prompt at a time: the same arithmetic as the goldens, and the live reference).
+Third-party engines plug in as ``"pkg.module:factory"``, a callable taking ``(model_path, dtype)`` and
+returning an :class:`EngineAdapter`; or add a name to :data:`ADAPTERS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from .compare import EngineOutput
+
+# name -> "module:factory"; the factory is called with (model_path, dtype, **kwargs).
+ADAPTERS: dict[str, str] = {
+    "nanovllm_ref": "nanovllm_ref.oracle.adapters:NanovllmRefAdapter",
+    "hf": "nanovllm_ref.oracle.adapters:HFAdapter",
+    # Planned (not written yet), e.g.:
+    # "vllm": "nanovllm_ref.oracle.vllm_adapter:VLLMAdapter",
+    # "sglang": "nanovllm_ref.oracle.sglang_adapter:SGLangAdapter",
+    # "openai": "nanovllm_ref.oracle.openai_adapter:OpenAIAdapter",
+}
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What the conformance suite needs from an engine.
+
+    ``generate`` must be greedy (temperature 0), must not stop at EOS (exactly ``max_tokens`` tokens), and
+    must return one :class:`EngineOutput` per prompt, in order, with ``topk[i]`` holding at least the
+    ``top_k`` most likely tokens of step i with their logprobs, and, when ``prompt_logprobs`` is true,
+    ``prompt_logprobs`` = ``[None, {top-k + actual token}, ...]`` (one entry per prompt position).
+    """
+
+    name: str
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool
+    ) -> list[EngineOutput]: ...
+
+    def close(self) -> None: ...
+
+
+class NanovllmRefAdapter:
+    """nanovllm_ref's offline ``LLM``; ``engine_kwargs`` go to ``LLM`` (device, tensor_parallel_size,
+    num_kvcache_blocks, ...). ``self.llm`` stays reachable for engine-specific checks (preemptions...)."""
+
+    name = "nanovllm_ref"
+
+    def __init__(self, model_path: str, dtype: str = "float32", **engine_kwargs: Any) -> None:
+        from nanovllm_ref import LLM
+
+        engine_kwargs.setdefault("device", "cpu")
+        self.model_path, self.dtype, self.engine_kwargs = model_path, dtype, engine_kwargs
+        self.llm = LLM(model_path, dtype=dtype, **engine_kwargs)
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool
+    ) -> list[EngineOutput]:
+        from nanovllm_ref import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=top_k,
+                                prompt_logprobs=top_k if prompt_logprobs else None)
+        outs = self.llm.generate([list(p) for p in prompts], params, use_tqdm=False)
+        for o in outs:
+            if o.error is not None:
+                raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
+        return [EngineOutput(list(o.token_ids), list(o.logprobs or []), o.prompt_logprobs, o.num_cached_tokens)
+                for o in outs]
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.llm.engine.scheduler.num_preemptions
+
+    def close(self) -> None:
+        self.llm.shutdown()
+
+
+class HFAdapter:
+    """Hugging Face transformers, the reference arithmetic: ``attn_implementation="eager"``, one prompt at a
+    time without padding, a manual greedy loop over the KV cache (EOS never stops it), logprobs =
+    ``log_softmax(logits.float())``, greedy and top-k ties broken by the lowest token id."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu") -> None:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+        dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, attn_implementation="eager", **{dtype_key: torch_dtype}
+        ).to(device).eval()
+        self.device = device
+        # transformers >= 5.x renamed `past_key_values` to `cache` (the old name warns, then goes away)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool
+    ) -> list[EngineOutput]:
+        return [self._one(list(p), max_tokens, top_k, prompt_logprobs) for p in prompts]
+
+    def _one(self, prompt: list[int], max_tokens: int, top_k: int, want_prompt: bool) -> EngineOutput:
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, use_cache=True)
+            logprobs = out.logits[0].float().log_softmax(dim=-1)  # (len, vocab)
+            prompt_lps = None
+            if want_prompt:
+                prompt_lps = [None]
+                for pos in range(1, len(prompt)):
+                    d = _topk_dict(logprobs[pos - 1], top_k)
+                    d[prompt[pos]] = float(logprobs[pos - 1, prompt[pos]])
+                    prompt_lps.append(d)
+            cache, last = _cache_of(out), logprobs[-1]
+            tokens, topk = [], []
+            for step in range(max_tokens):
+                d = _topk_dict(last, top_k)
+                tok = next(iter(d))  # the argmax, lowest id on ties
+                tokens.append(tok)
+                topk.append(d)
+                if step + 1 == max_tokens:
+                    break
+                nxt = torch.tensor([[tok]], dtype=torch.long, device=self.device)
+                out = self.model(input_ids=nxt, use_cache=True, **{self._cache_kw: cache})
+                cache, last = _cache_of(out), out.logits[0, -1].float().log_softmax(dim=-1)
+        return EngineOutput(tokens, topk, prompt_lps)
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _cache_of(out: Any) -> Any:
+    cache = out.get("cache")
+    return cache if cache is not None else out.get("past_key_values")
+
+
+def _topk_dict(logprobs: Any, k: int) -> dict[int, float]:
+    """``{token: logprob}`` of the k largest, in descending order, ties broken by the lowest id."""
+    import torch
+
+    vals, ids = torch.sort(logprobs, descending=True, stable=True)
+    return dict(zip(ids[:k].tolist(), vals[:k].tolist()))
+
+
+def resolve_factory(spec: str) -> Callable[..., EngineAdapter]:
+    """The factory for a registered name or a ``"pkg.module:factory"`` string."""
+    target = ADAPTERS.get(spec, spec)
+    if ":" not in target:
+        raise ValueError(f"unknown engine {spec!r}: use one of {sorted(ADAPTERS)} or 'pkg.module:factory'")
+    module_name, attr = target.split(":", 1)
+    factory = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise TypeError(f"{target} is not callable")
+    return factory
+
+
+def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdapter:
+    """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, or
+    "pkg.module:factory") for the checkpoint ``model`` in ``dtype``; ``kwargs`` go to the factory."""
+    adapter = resolve_factory(spec)(model, dtype, **kwargs)
+    missing = [a for a in ("name", "generate", "close") if not hasattr(adapter, a)]
+    if missing:
+        raise TypeError(f"engine {spec!r} returned {type(adapter).__name__}, which lacks {missing}")
+    return adapter

@@ -1,0 +1,346 @@
+"""Compare greedy generations (tokens, top-k logprobs, prompt logprobs) of a candidate engine to a reference.
+
+The policy is vLLM's ``check_logprobs_close`` (vllm ``tests/models/utils.py``) made stricter with value checks
+in the spirit of SGLang's ``check_close_model_outputs`` (``sglang/test/runners.py``, which bounds
+``|hf_logprobs - srt_logprobs|`` of the top-k by ``prefill_tolerance`` / ``decode_tolerance``, 5e-2 by default):
+
+* Generated tokens must be equal. At the first position where they differ, each side's token must be in
+  the other side's top-k (the two distributions were nearly tied there), and the comparison of that prompt
+  stops: after it the contexts differ. That is a pass with a recorded divergence (``diverged-ok``), as in
+  vLLM; ``allow_divergence=False`` (used for engine-vs-engine invariance checks) makes it a failure.
+* Stricter than vLLM: at every compared position (matched steps and the divergence step, whose context is
+  still identical) the logprobs of the tokens present in both sides' dicts must agree within ``tol``, and a
+  token in one side's top-k that is missing from the other's full top-k must not be provably further than
+  ``tol`` away (absent means its logprob is at most the other side's k-th value).
+* Prompt logprobs (teacher forced, no divergence possible) must agree the same way within ``prompt_tol``.
+
+Example::
+
+    report = compare_all(golden_outputs, engine_outputs, top_k=20, tol=1e-3, prompt_tol=1e-3,
+                         prompt_ids=names, model="qwen3-tiny", dtype="float32", engine="nanovllm_ref")
+    assert report.passed, report.format_failures()
+    print(report.summary_table().to_string())
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MATCH, DIVERGED_OK, FAIL = "match", "diverged-ok", "fail"
+LogprobDict = dict[int, float]
+
+
+@dataclass
+class EngineOutput:
+    """One greedy generation as the comparison sees it.
+
+    Attributes:
+        token_ids: generated token ids.
+        topk: per generated step, ``{token_id: logprob}`` holding (at least) the top-k tokens; the chosen
+            token may be added even when it is outside the top-k.
+        prompt_logprobs: per prompt position ``{token_id: logprob}`` (top-k plus the actual prompt token),
+            ``None`` at position 0; ``None`` as a whole when not computed.
+        num_cached_tokens: prompt tokens served from a prefix cache, when the engine reports it.
+    """
+
+    token_ids: list[int]
+    topk: list[LogprobDict]
+    prompt_logprobs: list[LogprobDict | None] | None = None
+    num_cached_tokens: int | None = None
+
+    @classmethod
+    def coerce(cls, obj: Any) -> EngineOutput:
+        """An EngineOutput from anything with ``token_ids`` and ``topk`` (or ``logprobs``), e.g. a golden
+        output or a nanovllm_ref ``RequestOutput``."""
+        if isinstance(obj, EngineOutput):
+            return obj
+        topk = getattr(obj, "topk", None)
+        if topk is None:
+            topk = getattr(obj, "logprobs", None) or []
+        return cls(list(obj.token_ids), list(topk), getattr(obj, "prompt_logprobs", None),
+                   getattr(obj, "num_cached_tokens", None))
+
+
+@dataclass
+class PromptReport:
+    """The verdict for one prompt. ``max_abs_diff`` is the largest |logprob difference| over all shared tokens
+    of all compared positions (generated and prompt), found at ``where``."""
+
+    prompt_id: str
+    status: str  # "match" | "diverged-ok" | "fail"
+    num_tokens: int  # generated tokens in the reference
+    matched_tokens: int  # leading generated tokens that are equal
+    first_divergence: int | None
+    max_abs_diff: float
+    where: str
+    max_gen_diff: float
+    max_prompt_diff: float
+    message: str
+    failures: list[str] = field(default_factory=list)
+    model: str = ""
+    dtype: str = ""
+    engine: str = ""
+    case: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status != FAIL
+
+
+def _ranked(d: LogprobDict) -> list[int]:
+    return sorted(d, key=lambda t: (-d[t], t))
+
+
+def _top(d: LogprobDict, k: int) -> list[int]:
+    return _ranked(d)[:k]
+
+
+def _kth_value(d: LogprobDict, k: int) -> float | None:
+    """The k-th largest logprob when ``d`` holds a full top-k (any absent token is at most this), else None."""
+    return d[_ranked(d)[k - 1]] if len(d) >= k else None
+
+
+def _side(d: LogprobDict | None, tok: int) -> str:
+    if not d or tok not in d:
+        return "absent from top-k"
+    return f"lp={d[tok]:.6g} rank {_ranked(d).index(tok) + 1}"
+
+
+def describe_token(tok: int, ref: LogprobDict | None, cand: LogprobDict | None) -> str:
+    """``token 123 (reference: lp=-0.1 rank 1; candidate: lp=-0.2 rank 2)``."""
+    return f"token {tok} (reference: {_side(ref, tok)}; candidate: {_side(cand, tok)})"
+
+
+class _Checker:
+    """Value checks for one prompt; keeps the largest difference and the first violations."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self.max = {"gen": 0.0, "prompt": 0.0}
+        self.where = {"gen": "", "prompt": ""}
+        self.failures: list[str] = []
+
+    def check(self, kind: str, pos: int, ref: LogprobDict, cand: LogprobDict, tol: float) -> None:
+        label = f"{'gen step' if kind == 'gen' else 'prompt pos'} {pos}"
+        worst_tok, worst = None, -1.0
+        for tok in ref.keys() & cand.keys():
+            diff = abs(ref[tok] - cand[tok])
+            if math.isnan(diff):
+                diff = math.inf
+            if diff > worst:
+                worst_tok, worst = tok, diff
+        if worst_tok is not None and worst > self.max[kind]:
+            self.max[kind], self.where[kind] = worst, f"{label}, {describe_token(worst_tok, ref, cand)}"
+        if worst > tol:
+            self.failures.append(f"{label}: |dlogprob| = {worst:.3g} > tol {tol:.3g} for "
+                                 f"{describe_token(worst_tok, ref, cand)}")
+        for a, b, name in ((ref, cand, "candidate"), (cand, ref, "reference")):
+            kth = _kth_value(b, self.top_k)
+            if kth is None:
+                continue
+            for tok in _top(a, self.top_k):
+                if tok not in b and a[tok] - kth > tol:
+                    self.failures.append(
+                        f"{label}: {describe_token(tok, ref, cand)} is missing from the {name} top-{self.top_k} "
+                        f"whose k-th logprob is {kth:.6g}, so |dlogprob| >= {a[tok] - kth:.3g} > tol {tol:.3g}")
+                    break
+
+
+def compare_outputs(
+    reference: Any,
+    candidate: Any,
+    *,
+    top_k: int = 20,
+    tol: float,
+    prompt_tol: float | None,
+    prompt_id: str = "",
+    allow_divergence: bool = True,
+    prompt: Sequence[int] | None = None,
+) -> PromptReport:
+    """Compare one prompt's candidate generation to the reference (see the module docstring for the policy).
+
+    ``reference`` / ``candidate`` are :class:`EngineOutput` or anything :meth:`EngineOutput.coerce` accepts.
+    ``prompt_tol=None`` skips prompt logprobs; otherwise a candidate without them fails when the reference
+    has them. With ``prompt`` (the prompt's token ids) every prompt-logprob dict must also hold the actual
+    prompt token at its position, as vLLM's prompt logprobs do.
+    """
+    ref, cand = EngineOutput.coerce(reference), EngineOutput.coerce(candidate)
+    chk = _Checker(top_k)
+    first_div: int | None = None
+    matched = 0
+    for i in range(min(len(ref.token_ids), len(cand.token_ids))):
+        if i >= len(ref.topk) or i >= len(cand.topk):
+            chk.failures.append(f"gen step {i}: missing logprobs (reference has {len(ref.topk)} steps, "
+                                f"candidate {len(cand.topk)})")
+            break
+        r_d, c_d = ref.topk[i], cand.topk[i]
+        chk.check("gen", i, r_d, c_d, tol)
+        rt, ct = ref.token_ids[i], cand.token_ids[i]
+        if rt != ct:
+            first_div = i
+            crossed = rt in _top(c_d, top_k) and ct in _top(r_d, top_k)
+            what = (f"gen step {i}: tokens differ: reference {describe_token(rt, r_d, c_d)} vs "
+                    f"candidate {describe_token(ct, r_d, c_d)}")
+            if not allow_divergence:
+                chk.failures.insert(0, what + " (tokens must be exact here)")
+            elif not crossed:
+                chk.failures.insert(0, what + f": a token is outside the other side's top-{top_k}")
+            break
+        matched += 1
+    if first_div is None and len(ref.token_ids) != len(cand.token_ids):
+        chk.failures.insert(0, f"length mismatch: reference generated {len(ref.token_ids)} tokens, "
+                               f"candidate {len(cand.token_ids)} (all {matched} shared tokens are equal)")
+    if prompt_tol is not None and ref.prompt_logprobs is not None:
+        _check_prompt(chk, ref.prompt_logprobs, cand.prompt_logprobs, prompt_tol, prompt)
+    return _make_report(prompt_id, chk, ref, matched, first_div, top_k)
+
+
+def _check_prompt(
+    chk: _Checker, ref: list, cand: list | None, prompt_tol: float, prompt: Sequence[int] | None
+) -> None:
+    if cand is None:
+        chk.failures.append("the candidate returned no prompt logprobs")
+        return
+    if len(cand) != len(ref):
+        chk.failures.append(f"prompt logprobs: reference has {len(ref)} positions, candidate {len(cand)}")
+    for pos, (r_d, c_d) in enumerate(zip(ref, cand)):
+        if r_d is None or c_d is None:
+            if (r_d is None) != (c_d is None):
+                chk.failures.append(f"prompt pos {pos}: logprobs present on one side only")
+            continue
+        chk.check("prompt", pos, r_d, c_d, prompt_tol)
+        if prompt is not None and pos < len(prompt):
+            for d, name in ((c_d, "candidate"), (r_d, "reference")):
+                if prompt[pos] not in d:
+                    chk.failures.append(f"prompt pos {pos}: the actual prompt token {prompt[pos]} is missing from "
+                                        f"the {name}'s prompt logprobs (has {_top(d, 5)}...)")
+
+
+def _make_report(prompt_id: str, chk: _Checker, ref: EngineOutput, matched: int, first_div: int | None,
+                 top_k: int) -> PromptReport:
+    gen, prompt = chk.max["gen"], chk.max["prompt"]
+    kind = "gen" if gen >= prompt else "prompt"
+    where = chk.where[kind]
+    worst = f"largest |dlogprob| {max(gen, prompt):.3g} at {where or '-'}"
+    name = prompt_id or "prompt"
+    if chk.failures:
+        status = FAIL
+        extra = f" (+{len(chk.failures) - 1} more)" if len(chk.failures) > 1 else ""
+        message = f"[{name}] FAIL: {chk.failures[0]}{extra}; {matched} tokens matched; {worst}"
+    elif first_div is not None:
+        status = DIVERGED_OK
+        r_d = ref.topk[first_div]
+        message = (f"[{name}] diverged at gen step {first_div} (both tokens in each other's top-{top_k}, "
+                   f"reference top-1 margin {_margin(r_d):.3g}); {worst}")
+    else:
+        status = MATCH
+        message = f"[{name}] match: {matched} tokens; {worst}"
+    return PromptReport(
+        prompt_id=prompt_id, status=status, num_tokens=len(ref.token_ids), matched_tokens=matched,
+        first_divergence=first_div, max_abs_diff=max(gen, prompt), where=where, max_gen_diff=gen,
+        max_prompt_diff=prompt, message=message, failures=chk.failures,
+    )
+
+
+def _margin(d: LogprobDict) -> float:
+    r = _ranked(d)
+    return d[r[0]] - d[r[1]] if len(r) > 1 else math.inf
+
+
+@dataclass
+class ConformanceReport:
+    """Per-prompt verdicts of one or more comparisons, plus free-form metadata (tolerances, engine...)."""
+
+    prompts: list[PromptReport] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(p.passed for p in self.prompts)
+
+    def failures(self) -> list[PromptReport]:
+        return [p for p in self.prompts if not p.passed]
+
+    def extend(self, other: ConformanceReport) -> ConformanceReport:
+        self.prompts.extend(other.prompts)
+        return self
+
+    def format_failures(self, limit: int = 10) -> str:
+        """The failure messages, one per line (at most ``limit`` prompts, each with its first 3 problems)."""
+        lines = []
+        for p in self.failures()[:limit]:
+            ctx = "/".join(x for x in (p.model, p.dtype, p.case) if x)
+            lines.append(f"{ctx}: {p.message}" if ctx else p.message)
+            lines += [f"    - {f}" for f in p.failures[:3]]
+        more = len(self.failures()) - limit
+        if more > 0:
+            lines.append(f"... and {more} more failing prompts")
+        return "\n".join(lines) or "all prompts passed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def summary_table(self, per: str = "prompt") -> Any:
+        """A pandas DataFrame: one row per prompt (``per="prompt"``) or per (model, dtype, engine, case)
+        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was."""
+        import pandas as pd
+
+        rows = [{
+            "model": p.model, "dtype": p.dtype, "engine": p.engine, "case": p.case, "prompt": p.prompt_id,
+            "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
+            "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where,
+        } for p in self.prompts]
+        df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "prompt", "status", "matched",
+                                         "first_div", "max_dlogprob", "where"])
+        df["first_div"] = df["first_div"].astype("Int64")
+        if per == "prompt" or df.empty:
+            return df
+        if per != "model":
+            raise ValueError(f"per must be 'prompt' or 'model', got {per!r}")
+        out = []
+        for key, g in df.groupby(["model", "dtype", "engine", "case"], sort=False):
+            worst = g["max_dlogprob"].idxmax()
+            where = f"{g.loc[worst, 'prompt']}: {g.loc[worst, 'where']}" if g.loc[worst, "where"] else "-"
+            counts = g["status"].value_counts()
+            out.append({**dict(zip(["model", "dtype", "engine", "case"], key)), "prompts": len(g),
+                        "match": int(counts.get(MATCH, 0)), "diverged_ok": int(counts.get(DIVERGED_OK, 0)),
+                        "fail": int(counts.get(FAIL, 0)), "max_dlogprob": g.loc[worst, "max_dlogprob"],
+                        "where": where})
+        return pd.DataFrame(out)
+
+
+def compare_all(
+    reference: Sequence[Any],
+    candidate: Sequence[Any],
+    *,
+    top_k: int = 20,
+    tol: float,
+    prompt_tol: float | None,
+    prompt_ids: Sequence[str] | None = None,
+    allow_divergence: bool = True,
+    prompts: Sequence[Sequence[int]] | None = None,
+    model: str = "",
+    dtype: str = "",
+    engine: str = "",
+    case: str = "",
+    meta: dict[str, Any] | None = None,
+) -> ConformanceReport:
+    """:func:`compare_outputs` for every prompt (``prompts``: their token ids, to check the actual prompt tokens
+    in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows."""
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(reference)} reference outputs but {len(candidate)} candidate outputs")
+    ids = list(prompt_ids) if prompt_ids is not None else [f"prompt_{i}" for i in range(len(reference))]
+    report = ConformanceReport(meta=dict(meta or {}))
+    for i, (pid, r, c) in enumerate(zip(ids, reference, candidate)):
+        p = compare_outputs(r, c, top_k=top_k, tol=tol, prompt_tol=prompt_tol, prompt_id=pid,
+                            allow_divergence=allow_divergence, prompt=prompts[i] if prompts is not None else None)
+        p.model, p.dtype, p.engine, p.case = model, dtype, engine, case
+        report.prompts.append(p)
+    return report

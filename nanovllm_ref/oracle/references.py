@@ -1,0 +1,93 @@
+"""Reference generations to compare against: the stored goldens, or transformers computed live.
+
+A :class:`Reference` bundles the prompts (token ids) with the reference outputs and the settings they were
+made with (tokens per prompt, top-k). :func:`golden_reference` reads ``golden/`` (present in a checkout of
+this repository); :func:`live_reference` runs :class:`~nanovllm_ref.oracle.adapters.HFAdapter`, the same
+arithmetic as the goldens, on any local checkpoint. :func:`run_check` drives an engine adapter over a
+reference and returns the :class:`~nanovllm_ref.oracle.compare.ConformanceReport`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adapters import EngineAdapter, HFAdapter
+from .compare import ConformanceReport, EngineOutput, compare_all
+from .tolerances import Tolerance
+
+
+@dataclass
+class Reference:
+    """Prompts and reference outputs for one (model, dtype)."""
+
+    model: str  # a short name for reports
+    model_path: str
+    dtype: str
+    prompts: list[list[int]]
+    prompt_ids: list[str]
+    outputs: list[EngineOutput]
+    max_tokens: int = 32
+    top_k: int = 20
+    source: str = "golden"  # "golden" | "live"
+    meta: dict = field(default_factory=dict)
+
+    def subset(self, indices: list[int]) -> Reference:
+        """The same reference restricted to some prompts, in the given order."""
+        return Reference(self.model, self.model_path, self.dtype, [self.prompts[i] for i in indices],
+                         [self.prompt_ids[i] for i in indices], [self.outputs[i] for i in indices],
+                         self.max_tokens, self.top_k, self.source, dict(self.meta))
+
+
+def golden_reference(checkpoint: str, dtype: str) -> Reference:
+    """The golden set of a checkpoint in ``golden/checkpoints`` (needs the repository's ``golden`` package)."""
+    from golden.load import checkpoint_path, load_golden
+
+    gs = load_golden(checkpoint, dtype)
+    outputs = [EngineOutput(o.token_ids, o.topk, o.prompt_logprobs) for o in gs.outputs]
+    names = gs.prompt_names or [f"prompt_{i}" for i in range(len(gs.prompts))]
+    settings = gs.settings or {}
+    return Reference(
+        model=checkpoint, model_path=checkpoint_path(checkpoint), dtype=gs.dtype, prompts=gs.prompts,
+        prompt_ids=names, outputs=outputs, max_tokens=int(settings.get("num_new_tokens", len(outputs[0].token_ids))),
+        top_k=int(settings.get("top_k", max(len(d) for d in outputs[0].topk))), source="golden",
+    )
+
+
+def live_reference(
+    model: str, model_path: str, dtype: str, prompts: list[list[int]], prompt_ids: list[str],
+    max_tokens: int = 32, top_k: int = 20,
+) -> Reference:
+    """Compute the reference now with :class:`HFAdapter` (transformers, eager, one prompt at a time)."""
+    hf = HFAdapter(model_path, dtype)
+    try:
+        outputs = hf.generate(prompts, max_tokens, top_k, prompt_logprobs=True)
+    finally:
+        hf.close()
+    return Reference(model, model_path, dtype, [list(p) for p in prompts], list(prompt_ids), outputs,
+                     max_tokens, top_k, source="live")
+
+
+def run_check(
+    adapter: EngineAdapter,
+    ref: Reference,
+    tolerance: Tolerance,
+    *,
+    case: str = "golden",
+    prompt_logprobs: bool = True,
+    allow_divergence: bool = True,
+    outputs: list[EngineOutput] | None = None,
+) -> ConformanceReport:
+    """Generate the reference prompts with ``adapter`` (all submitted at once) and compare.
+
+    Pass ``outputs`` to compare already generated outputs instead. ``prompt_logprobs=False`` neither requests
+    nor compares prompt logprobs (e.g. to let a prefix cache serve the prompts).
+    """
+    if outputs is None:
+        outputs = adapter.generate(ref.prompts, ref.max_tokens, ref.top_k, prompt_logprobs)
+    return compare_all(
+        ref.outputs, outputs, top_k=ref.top_k, tol=tolerance.tol,
+        prompt_tol=tolerance.prompt_tol if prompt_logprobs else None, prompt_ids=ref.prompt_ids,
+        allow_divergence=allow_divergence, prompts=ref.prompts, model=ref.model, dtype=ref.dtype,
+        engine=getattr(adapter, "name", type(adapter).__name__), case=case,
+        meta={"reference": ref.source, "tolerance": tolerance.as_dict()},
+    )

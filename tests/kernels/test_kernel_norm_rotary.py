@@ -64,5 +64,6 @@ def test_apply_rotary(tokens, num_heads, head_dim, dtype, strided, seed):
     out = apply_rotary(x, positions, cache)
     if dtype == torch.float32:  # the GPU may contract a product and the sum into an FMA
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
-    else:
-        assert torch.equal(out, ref)
+    else:  # products rounded to the dtype as the reference; the GPU may round a product differently by 1 ulp
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)

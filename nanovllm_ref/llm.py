@@ -66,6 +66,9 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
 
+    def reset_prefix_cache(self) -> None:
+        self.engine.block_manager.reset_prefix_cache()
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

@@ -126,6 +126,13 @@ class BlockManager:
                 block.hash, block.parent_hash, block.token_ids = h, parent, tuple(tokens)
                 self.cached.setdefault(h, block.block_id)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (benchmarks use it so a round cannot hit the previous round's prompts)."""
+        self.cached.clear()
+        for block in self.blocks:
+            if block.ref_count == 0:
+                block.hash, block.parent_hash, block.token_ids = None, 0, ()
+
     def free(self, seq: Sequence) -> None:
         # Tail blocks go first in the queue: a prefix is more likely to be shared than a suffix.
         for block_id in reversed(seq.block_table):

@@ -163,6 +163,8 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
+        if self.runner is None:
+            raise RuntimeError("the engine was shut down")
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.has_unfinished():
@@ -194,6 +196,7 @@ class LLMEngine:
         )
 
     def shutdown(self) -> None:
-        close = getattr(self.runner, "shutdown", None)
-        if close is not None:
-            close()
+        """Stop workers and free device memory; the engine serves nothing afterwards."""
+        if self.runner is not None:
+            self.runner.shutdown()
+            self.runner = None

@@ -143,6 +143,15 @@ class ModelRunner:
             layer.kv_cache = None
         torch.cuda.empty_cache()
 
+    def shutdown(self) -> None:
+        """Release the model, the KV cache and the graphs (the GPU memory is free for a next engine)."""
+        for layer in self.attn_layers:
+            layer.kv_cache = None
+        self.graphs = self.kv_cache = self.model = None
+        self.attn_layers = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @torch.inference_mode()
     def _compile_warmup(self) -> None:
         """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,

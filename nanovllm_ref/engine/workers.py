@@ -131,6 +131,8 @@ class TPExecutor:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+        if getattr(self, "runner", None) is not None:
+            self.runner.shutdown()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -1,0 +1,152 @@
+"""pytest setup of the perf suite: options, markers, per-GPU baseline storage, machine info, device ceilings.
+
+- `--arch NAME` (default qwen3-0.6b) / `--model PATH` choose the model of the engine and kernel benchmarks.
+- `--perf-smoke` also runs the CPU smoke variants on a GPU machine (they run by default only without a GPU,
+  so GPU baselines hold GPU numbers only).
+- Baselines: unless `--benchmark-storage` is given, runs are saved to / compared with
+  `perf/baselines/<gpu-slug>/` (e.g. `perf/baselines/nvidia-h200/`, `perf/baselines/cpu/`). pytest-benchmark
+  builds its storage in its own `pytest_configure` (trylast); this one is tryfirst, so the option is set first.
+- `pytest_benchmark_update_machine_info` adds the GPU name and count, driver, torch / triton / CUDA versions.
+- `ceilings` (session): copy bandwidth and matmul rate of the device, measured once.
+Without pytest-benchmark installed, a minimal `benchmark` fixture runs the same code (no stats saved).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from perf.device import gpu_slug, has_cuda, machine_info, measure_ceilings
+from perf.models import ModelShape, model_folder, read_config
+from perf.roofline import Ceilings
+from perf.tables import BASELINES_DIR, PERF_DIR
+
+DEFAULT_STORAGE = "file://./.benchmarks"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nanovllm_ref perf")
+    # conformance/conftest.py defines --model (append-style) unguarded: when it is loaded after this file
+    # (`pytest perf conformance`) a second definition would make it fail, so leave --model to it then.
+    shared_model = any("conformance" in arg for arg in sys.argv[1:])
+    for name, kwargs in (
+        ("--arch", dict(default="qwen3-0.6b", help="model architecture of the perf benchmarks (perf/models.py)")),
+        ("--model", dict(default=None, help="a real checkpoint folder for the perf benchmarks (overrides --arch)")),
+        ("--perf-smoke", dict(action="store_true", help="also run the CPU smoke variants when a GPU is present")),
+    ):
+        if name == "--model" and shared_model:
+            continue
+        try:
+            group.addoption(name, **kwargs)
+        except ValueError:  # already defined by another conftest (e.g. conformance's --model)
+            pass
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
+    config.addinivalue_line("markers", "smoke: CPU-sized variant of a benchmark (runs where there is no GPU)")
+    if not has_cuda():
+        # CPU smoke: one intra-op thread (tiny tensors; with more threads than idle cores, torch spins and
+        # a step gets ~10x slower)
+        import torch
+
+        torch.set_num_threads(1)
+    storage = getattr(config.option, "benchmark_storage", None)
+    if storage is not None and storage == DEFAULT_STORAGE:
+        config.option.benchmark_storage = f"file://{BASELINES_DIR}/{gpu_slug()}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = has_cuda()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_smoke = pytest.mark.skip(reason="CPU smoke variant: skipped on a GPU machine unless --perf-smoke")
+    for item in items:
+        if not str(item.path).startswith(PERF_DIR + os.sep):  # this hook sees the whole session's items
+            continue
+        if item.get_closest_marker("gpu") and not cuda:
+            item.add_marker(skip_gpu)
+        if item.get_closest_marker("smoke") and cuda and not config.getoption("perf_smoke", False):
+            item.add_marker(skip_smoke)
+
+
+@pytest.hookimpl(optionalhook=True)  # the hook exists only with pytest-benchmark installed
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    machine_info.update(_machine_info())
+
+
+_INFO: dict[str, Any] = {}
+
+
+def _machine_info() -> dict[str, Any]:
+    if not _INFO:
+        _INFO.update(machine_info())
+    return _INFO
+
+
+@pytest.fixture(scope="session")
+def ceilings() -> Ceilings:
+    return measure_ceilings("cuda" if has_cuda() else "cpu")
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name, None)
+    if isinstance(value, list):  # conformance's --model is append-style
+        value = value[-1] if value else None
+    return value
+
+
+@pytest.fixture(scope="session")
+def perf_model(pytestconfig: pytest.Config) -> tuple[str, str | None]:
+    """(arch, model path or None) of the GPU benchmarks."""
+    return _option(pytestconfig, "arch") or "qwen3-0.6b", _option(pytestconfig, "model")
+
+
+@pytest.fixture(scope="session")
+def shape(perf_model: tuple[str, str | None]) -> ModelShape:
+    arch, model = perf_model
+    return ModelShape.from_config(read_config(model_folder(arch, model)))
+
+
+class _Stats:
+    def __init__(self, times: list[float]) -> None:
+        self.median = statistics.median(times)
+        self.min, self.max, self.mean = min(times), max(times), statistics.fmean(times)
+        self.rounds = len(times)
+
+
+class _MiniBenchmark:
+    """Stand-in for pytest-benchmark's fixture (pedantic only) when the plugin is not installed."""
+
+    def __init__(self) -> None:
+        self.extra_info: dict[str, Any] = {}
+        self.stats: Any = None
+        self.group: str | None = None
+
+    def pedantic(self, target: Callable, args: tuple = (), kwargs: dict | None = None, setup: Callable | None = None,
+                 rounds: int = 1, warmup_rounds: int = 0, iterations: int = 1, **_: Any) -> Any:
+        times, result = [], None
+        for i in range(warmup_rounds + rounds):
+            a, k = (setup() or (args, kwargs or {})) if setup else (args, kwargs or {})
+            t0 = time.perf_counter()
+            for _ in range(iterations):
+                result = target(*a, **k)
+            if i >= warmup_rounds:
+                times.append((time.perf_counter() - t0) / iterations)
+        self.stats = type("Metadata", (), {"stats": _Stats(times)})()
+        return result
+
+
+try:
+    import pytest_benchmark  # noqa: F401
+except ImportError:
+
+    @pytest.fixture
+    def benchmark() -> _MiniBenchmark:
+        return _MiniBenchmark()

@@ -1,0 +1,203 @@
+"""Kernel benchmark cases and the timing harness shared by perf/test_kernels.py.
+
+Timing (pytest-benchmark on a GPU, see FACTS.md):
+- one benchmark round calls the kernel once on each of `n` rotating input sets, then synchronizes, all
+  inside the timed function; `benchmark.pedantic` with warm-up rounds (the first call compiles);
+- rotating sets defeat the L2 cache (60 MB on the H200): a set of >= 128 MiB is used alone, a smaller one
+  is replicated into max(4, 256 MiB / set) sets, so every call reads its inputs from HBM;
+- CUDA-event time of the same rounds is recorded in `extra_info` (the accurate figure: no launch or sync
+  gap), with GB/s (or TFLOP/s) and the fraction of the measured ceiling computed from it.
+On the CPU the same cases run at toy sizes through the pure-torch references (a smoke test of the harness).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nanovllm_ref.kernels.decode_attention import decode_attention_reference
+from nanovllm_ref.kernels.prefill_attention import prefill_attention_reference
+from nanovllm_ref.kernels.rmsnorm import rms_norm_reference
+from nanovllm_ref.kernels.store_kv import store_kv_reference
+from nanovllm_ref.layers.sampler import SamplingBatch, sample
+
+from .device import sync, time_fn
+from .roofline import Ceilings, causal_pairs
+
+SINGLE_SET_BYTES = 128 * 2**20
+ROTATE_BYTES = 256 * 2**20
+MAX_SETS = 256
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable[..., Any]
+    sets: list[tuple]
+    bytes_per_call: float = 0.0
+    flops_per_call: float = 0.0
+    set_bytes: int = 0
+
+
+def num_sets(set_bytes: int, device: str) -> int:
+    if device != "cuda" or set_bytes >= SINGLE_SET_BYTES:
+        return 1
+    return min(MAX_SETS, max(4, math.ceil(ROTATE_BYTES / max(set_bytes, 1))))
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(o) for o in obj)
+    return 0
+
+
+def _replicate(make: Callable[[int], tuple], device: str) -> tuple[list[tuple], int]:
+    first = make(0)
+    size = _nbytes(first)
+    return [first] + [make(i) for i in range(1, num_sets(size, device))], size
+
+
+def _triton(device: str) -> bool:
+    return device == "cuda"
+
+
+def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
+    from nanovllm_ref.kernels.store_kv import store_kv
+
+    kvh, hd = shape.num_kv_heads, shape.head_dim
+    num_blocks = 2 * -(-num_tokens // block_size)
+
+    def make(i: int) -> tuple:
+        g = torch.Generator(device=device).manual_seed(i)
+        key = torch.randn(num_tokens, kvh, hd, device=device, dtype=dtype, generator=g)
+        value = torch.randn(num_tokens, kvh, hd, device=device, dtype=dtype, generator=g)
+        k_cache = torch.zeros(num_blocks, block_size, kvh, hd, device=device, dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        slots = torch.randperm(num_blocks * block_size, device=device, generator=g)[:num_tokens]
+        return key, value, k_cache, v_cache, slots
+
+    sets, size = _replicate(make, device)
+    moved = 2 * 2 * num_tokens * kvh * hd * torch.finfo(dtype).bits // 8 + 8 * num_tokens  # K, V read + written
+    return Case(f"store_kv-t{num_tokens}", store_kv if _triton(device) else store_kv_reference, sets, moved,
+                set_bytes=size)
+
+
+def _paged(num_seqs: int, ctx: int, shape: Any, device: str, dtype: torch.dtype, block_size: int, seed: int) -> tuple:
+    """Random K/V caches holding num_seqs contexts of ctx tokens in shuffled blocks, and their block tables."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    per_seq = -(-ctx // block_size)
+    num_blocks = num_seqs * per_seq
+    cache_shape = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+    k_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
+    v_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
+    tables = torch.randperm(num_blocks, device=device, generator=g).view(num_seqs, per_seq).to(torch.int32)
+    seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=device)
+    return k_cache, v_cache, tables, seq_lens, g
+
+
+def decode_case(shape: Any, batch: int, ctx: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
+    from nanovllm_ref.kernels.decode_attention import decode_attention
+
+    scale = shape.head_dim**-0.5
+
+    def make(i: int) -> tuple:
+        k_cache, v_cache, tables, seq_lens, g = _paged(batch, ctx, shape, device, dtype, block_size, i)
+        q = torch.randn(batch, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
+        return q, k_cache, v_cache, tables, seq_lens, scale
+
+    sets, size = _replicate(make, device)
+    elem = torch.finfo(dtype).bits // 8
+    kv = 2 * batch * ctx * shape.num_kv_heads * shape.head_dim * elem
+    qo = 2 * batch * shape.num_heads * shape.head_dim * elem
+    fn = decode_attention if _triton(device) else decode_attention_reference
+    return Case(f"decode-b{batch}-ctx{ctx}", fn, sets, kv + qo, set_bytes=size)
+
+
+def prefill_case(shape: Any, num_seqs: int, q_len: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
+    from nanovllm_ref.kernels.prefill_attention import prefill_attention
+
+    scale = shape.head_dim**-0.5
+
+    def make(i: int) -> tuple:
+        k_cache, v_cache, tables, seq_lens, g = _paged(num_seqs, q_len, shape, device, dtype, block_size, i)
+        q = torch.randn(num_seqs * q_len, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
+        qsl = torch.arange(0, (num_seqs + 1) * q_len, q_len, dtype=torch.int32, device=device)
+        if _triton(device):
+            return q, k_cache, v_cache, qsl, seq_lens, tables, scale, q_len
+        return q, k_cache, v_cache, qsl, seq_lens, tables, scale
+
+    sets, size = _replicate(make, device)
+    flops = 4 * shape.num_heads * shape.head_dim * num_seqs * causal_pairs(q_len, q_len)
+    fn = prefill_attention if _triton(device) else prefill_attention_reference
+    return Case(f"prefill-{num_seqs}x{q_len}", fn, sets, flops_per_call=flops, set_bytes=size)
+
+
+def rmsnorm_case(num_tokens: int, hidden: int, device: str, dtype: torch.dtype) -> Case:
+    from nanovllm_ref.kernels.rmsnorm import rms_norm
+
+    def make(i: int) -> tuple:
+        g = torch.Generator(device=device).manual_seed(i)
+        x = torch.randn(num_tokens, hidden, device=device, dtype=dtype, generator=g)
+        res = torch.randn(num_tokens, hidden, device=device, dtype=dtype, generator=g)
+        return x, torch.ones(hidden, device=device, dtype=dtype), 1e-6, res
+
+    sets, size = _replicate(make, device)
+    moved = 4 * num_tokens * hidden * torch.finfo(dtype).bits // 8  # x, residual in; out, residual out
+    return Case(f"rmsnorm-t{num_tokens}-h{hidden}", rms_norm if _triton(device) else rms_norm_reference, sets, moved,
+                set_bytes=size)
+
+
+def sampler_case(batch: int, vocab: int, temperature: float, device: str) -> Case:
+    def make(i: int) -> tuple:
+        g = torch.Generator(device=device).manual_seed(i)
+        logits = torch.randn(batch, vocab, device=device, dtype=torch.float32, generator=g)
+        sb = SamplingBatch(
+            temperature=torch.full((batch,), temperature, device=device), top_k=torch.full((batch,), -1, device=device),
+            top_p=torch.ones(batch, device=device), seeds=torch.arange(batch, device=device) + 1000 * i,
+            counters=torch.full((batch,), 100, device=device), needs_filter=False,
+        )
+        return logits, sb
+
+    sets, size = _replicate(make, device)
+    kind = "greedy" if temperature == 0 else f"t{temperature}"
+    return Case(f"sampler-{kind}-b{batch}-v{vocab}", sample, sets, 4 * batch * vocab, set_bytes=size)
+
+
+def run_case(benchmark: Any, case: Case, device: str, ceilings: Ceilings, rounds: int, warmup_rounds: int,
+             event_reps: int) -> dict[str, Any]:
+    """Benchmark one case (see the module docstring); returns (and stores in extra_info) the derived figures."""
+    sets, fn = case.sets, case.fn
+
+    def one_round() -> None:
+        for args in sets:
+            fn(*args)
+
+    def timed() -> None:
+        one_round()
+        sync(device)
+
+    benchmark.pedantic(timed, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
+    n = len(sets)
+    event_s = statistics.median(time_fn(one_round, event_reps, device, warmup=1)) / n
+    info: dict[str, Any] = {"case": case.name, "calls_per_round": n, "set_mib": round(case.set_bytes / 2**20, 2),
+                            "us_per_call_event": event_s * 1e6, "timer": "cuda_event" if device == "cuda" else "cpu"}
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    if stats is not None:
+        info["us_per_call_wall"] = stats.median / n * 1e6
+    if case.bytes_per_call:
+        gbps = case.bytes_per_call / event_s / 1e9
+        info.update(bytes_per_call=case.bytes_per_call, gbps=gbps, copy_ceiling_gbps=ceilings.copy_gbps,
+                    fraction_of_ceiling=gbps / ceilings.copy_gbps)
+    if case.flops_per_call:
+        tflops = case.flops_per_call / event_s / 1e12
+        info.update(flops_per_call=case.flops_per_call, tflops=tflops, matmul_ceiling_tflops=ceilings.matmul_tflops,
+                    fraction_of_ceiling=tflops / ceilings.matmul_tflops)
+    benchmark.extra_info.update(info)
+    return info

@@ -1,0 +1,72 @@
+"""Host overhead on the CPU: scheduler + block manager + prepare_step per step, with a fake model.
+
+- `test_decode_step_256`: 256 running requests in steady decode (prompts from the headline workload), one
+  step per round: `extra_info` has mean / p50 / p99 us per step and the split between schedule, prepare_step
+  and update. Anchor: nano-vllm's scheduler + block manager, 267 us per step (FACTS.md).
+- `test_headline_schedule`: the whole headline workload through the host loop (every prefill chunk and
+  decode step), as the anchor measured: seconds per run and us per step.
+Runs on every machine (CPU work); `NANOVLLM_REF_PERF_SLOW_HOST=1` slows it on purpose (perf/gate_demo.sh --cpu).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+from perf import workloads
+from perf.device import percentile
+from perf.host_sim import HostSim
+
+NANO_VLLM_US_PER_STEP = 267.0
+DECODE_ROUNDS, DECODE_WARMUP = 200, 20
+
+
+@pytest.fixture(scope="module")
+def headline() -> workloads.Workload:
+    return workloads.headline()
+
+
+def test_decode_step_256(benchmark, headline):
+    sim = HostSim.build(headline, max_tokens=[2000] * headline.num_requests)  # nobody finishes while timed
+    sim.run_until_decode()
+    assert len(sim.scheduler.running) == 256 and not sim.scheduler.waiting
+    benchmark.group = "host_overhead"
+    benchmark.pedantic(sim.step, rounds=DECODE_ROUNDS, warmup_rounds=DECODE_WARMUP, iterations=1)
+    assert sim.finished == 0
+    # a second pass with per-stage timers, for the breakdown
+    times = []
+    sim.stage_s = dict.fromkeys(sim.stage_s, 0.0)
+    for _ in range(DECODE_ROUNDS):
+        t0 = time.perf_counter()
+        assert sim.step(timed=True) == 256
+        times.append(time.perf_counter() - t0)
+    us = [t * 1e6 for t in times]
+    benchmark.extra_info.update(
+        running_requests=256, mean_us_per_step=statistics.fmean(us), p50_us_per_step=percentile(us, 50),
+        p99_us_per_step=percentile(us, 99), nano_vllm_anchor_us=NANO_VLLM_US_PER_STEP,
+        **{f"{k}_us": v / DECODE_ROUNDS * 1e6 for k, v in sim.stage_s.items()},
+    )
+
+
+def test_headline_schedule(benchmark, headline):
+    def setup():
+        return (HostSim.build(headline),), {}
+
+    sims: list[HostSim] = []
+
+    def run(sim: HostSim) -> int:
+        sims.append(sim)
+        return sim.run_to_completion()
+
+    benchmark.group = "host_overhead"
+    benchmark.pedantic(run, setup=setup, rounds=3, warmup_rounds=0)
+    sim = sims[-1]
+    assert sim.finished == headline.num_requests
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    info = {"steps": sim.steps, "requests": headline.num_requests}
+    if stats is not None:
+        info.update(seconds=stats.median, us_per_step=stats.median / sim.steps * 1e6,
+                    nano_vllm_anchor_us=NANO_VLLM_US_PER_STEP, nano_vllm_anchor_steps=1032)
+    benchmark.extra_info.update(info)

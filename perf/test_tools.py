@@ -1,0 +1,111 @@
+"""Unit tests of the perf tooling: workloads, model shapes, roofline, baseline storage, CLIs and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from perf import bench_engine, peers, report, workloads
+from perf.device import gpu_slug, percentile, slug
+from perf.models import ARCHS, ModelShape, arch_config, model_folder, read_config
+from perf.roofline import H200, H200_HEADLINE_ROOFLINE_S, decode_step_seconds, roofline
+from perf.tables import BASELINES_DIR
+
+
+def test_headline_totals():
+    w = workloads.headline()
+    assert w.num_requests == 256
+    assert w.prompt_tokens == workloads.HEADLINE_PROMPT_TOKENS == 142_827
+    assert w.output_tokens == workloads.HEADLINE_OUTPUT_TOKENS == 133_966
+    assert max(w.output_lens) == 1024 and all(100 <= len(p) <= 1024 for p in w.prompts)
+    assert all(0 <= t <= 10000 for p in w.prompts for t in p)
+
+
+def test_other_workloads():
+    p = workloads.prefix_heavy()
+    assert p.num_requests == 256 and all(q[:1024] == p.prompts[0][:1024] for q in p.prompts)
+    s = workloads.smoke()
+    assert s.num_requests == 8 and max(len(q) for q in s.prompts) <= 48 and max(s.output_lens) <= 12
+    sub = workloads.headline().subset(10)
+    assert sub.num_requests == 10 and sub.summary()["subset_requests"] == 10
+
+
+def test_model_shapes():
+    assert ModelShape.from_arch("qwen3-0.6b").num_params == 596_049_920  # FACTS.md
+    assert ModelShape.from_arch("qwen3-0.6b").kv_bytes_per_token() == 114_688
+    assert 8.1e9 < ModelShape.from_arch("qwen3-8b").num_params < 8.3e9
+    assert 32.5e9 < ModelShape.from_arch("qwen3-32b").num_params < 33e9
+    for arch in ARCHS:
+        cfg = read_config(model_folder(arch))
+        assert cfg == json.loads(json.dumps(arch_config(arch)))
+        assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+
+
+def test_headline_roofline_matches_facts():
+    w = workloads.headline()
+    r = roofline(ModelShape.from_arch("qwen3-0.6b"), [len(p) for p in w.prompts], w.output_lens, H200)
+    assert r.decode_steps == 1023
+    assert abs(r.seconds - H200_HEADLINE_ROOFLINE_S) / H200_HEADLINE_ROOFLINE_S < 0.03
+    assert 34_000 < r.output_tok_s < 37_000
+    r2 = roofline(ModelShape.from_arch("qwen3-0.6b"), [len(p) for p in w.prompts], w.output_lens, H200, tp=2)
+    assert r2.seconds == pytest.approx(r.seconds / 2)
+    assert decode_step_seconds(ModelShape.from_arch("qwen3-0.6b"), 1, 0) == pytest.approx(1.192e9 / 4.25e12, 0.01)
+
+
+def test_baseline_storage_is_per_device(pytestconfig):
+    assert slug("NVIDIA H200") == "nvidia-h200" and slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    storage = getattr(pytestconfig.option, "benchmark_storage", None)
+    if storage is None or BASELINES_DIR not in storage:
+        pytest.skip("pytest-benchmark absent or --benchmark-storage given explicitly")
+    assert storage == f"file://{BASELINES_DIR}/{gpu_slug()}"
+
+
+def test_percentile():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 99) == 5.0
+
+
+@pytest.mark.smoke
+def test_bench_engine_cli_smoke(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = bench_engine.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--mode", "all",
+                            "--max-model-len", "256", "--latency-batches", "1,2", "--prompt-len", "16",
+                            "--output-len", "3", "--latency-reps", "1", "--no-ceilings", "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["throughput"]["output_tokens"] == workloads.smoke().output_tokens
+    assert [row["batch"] for row in rec["latency"]] == [1, 2]
+    assert "fraction of roofline" in capsys.readouterr().out
+
+
+@pytest.mark.smoke
+def test_hf_static_peer_smoke():
+    rec = peers.run_one(peers.parse_args(["--peer", "hf-static", "--arch", "tiny", "--workload", "smoke",
+                                          "--device", "cpu", "--static-batch", "2", "--static-new-tokens", "3"]))
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["output_tokens"] == 6 and rec["output_tok_s"] > 0
+
+
+def test_report(tmp_path):
+    results, baselines, out = tmp_path / "results", tmp_path / "baselines" / "cpu" / "Linux", tmp_path / "plots"
+    results.mkdir()
+    baselines.mkdir(parents=True)
+    engine = {"kind": "engine", "arch": "tiny", "tp": 1, "machine": {"gpu_name": "cpu"}, "timestamp": "t",
+              "throughput": {"workload": {"workload": "smoke-8", "requests": 8}, "output_tok_s": 10.0,
+                             "total_tok_s": 20.0, "wall_s": 1.0, "steps": 5, "roofline_fraction": 0.5,
+                             "roofline": {"output_tok_s": 20.0}}}
+    peer = {"kind": "peer", "engine": "hf-cb", "status": "ok", "arch": "tiny", "tp": 1, "output_tok_s": 5.0,
+            "wall_s": 2.0, "workload": {"workload": "smoke-8[:4]", "requests": 4}, "machine": {"gpu_name": "cpu"}}
+    (results / "a.json").write_text(json.dumps(engine))
+    (results / "b.json").write_text(json.dumps(peer))
+    run = {"datetime": "2026", "machine_info": {"gpu_name": "cpu"}, "benchmarks": [
+        {"name": "test_x", "group": "decode_attention", "stats": {"median": 1e-3},
+         "extra_info": {"case": "decode-b1-ctx1", "gbps": 1.0, "fraction_of_ceiling": 0.5}}]}
+    (baselines / "0001_x.json").write_text(json.dumps(run))
+    assert report.main(["--results", str(results), "--baselines", str(tmp_path / "baselines"), "--out", str(out),
+                        "--no-plots"]) == 0
+    md = (out / "report.md").read_text()
+    assert "nanovllm_ref" in md and "hf-cb" in md and "decode-b1-ctx1" in md
+    assert os.path.exists(out / "report.md")

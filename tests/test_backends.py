@@ -34,3 +34,16 @@ def test_decode_buckets_cover_every_batch_size():
         bucket = decode_batch_bucket(n)
         assert bucket >= n and bucket in sizes
     assert capture_sizes(8) == [1, 2, 4, 8] and capture_sizes(600)[-1] == 512
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_silu_and_mul_kernel_matches_reference(dtype):
+    import torch
+
+    from nanovllm_ref.kernels.activation import silu_and_mul, silu_and_mul_reference
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (torch.randn(7, 2 * 1500, generator=torch.Generator().manual_seed(1)) * 4).to(getattr(torch, dtype)).to(device)
+    out, ref = silu_and_mul(x), silu_and_mul_reference(x)
+    tol = 1e-6 if dtype == "float32" else 1e-3
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)

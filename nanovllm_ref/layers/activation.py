@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..kernels.activation import silu_and_mul, silu_and_mul_reference
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (n, 2 * d) -> (n, d)
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_and_mul(x) if x.is_cuda else silu_and_mul_reference(x)

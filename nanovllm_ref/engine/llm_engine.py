@@ -99,6 +99,7 @@ class LLMEngine:
             self.runner = TPExecutor(self.spec, self.hf_config, config.tensor_parallel_size)
         else:
             self.runner = ModelRunner(self.spec, self.hf_config)
+        self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
@@ -110,6 +111,17 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
         self._next_id = 0
+
+    def _check_cache_fits_one_request(self, num_blocks: int) -> None:
+        bs, max_len = self.config.kvcache_block_size, self.spec.max_model_len
+        need = -(-max_len // bs)
+        if need > num_blocks:
+            self.shutdown()
+            raise ValueError(
+                f"the KV cache has {num_blocks} blocks of {bs} tokens ({num_blocks * bs} tokens), but one request "
+                f"of max_model_len={max_len} tokens needs {need} blocks: raise num_kvcache_blocks (or "
+                f"kv_cache_memory_gb / gpu_memory_utilization) or lower max_model_len"
+            )
 
     # ---- requests -------------------------------------------------------------------------------
     def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:

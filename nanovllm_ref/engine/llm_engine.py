@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..models import check_sliding_window
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
@@ -76,6 +77,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     max_model_len = config.max_model_len or max_pos
     if max_model_len > max_pos:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_pos}")
+    check_sliding_window(hf_config, max_model_len)
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype,
         backend=resolve_backend_name(config.attention_backend, device), block_size=config.kvcache_block_size,

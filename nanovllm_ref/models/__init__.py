@@ -6,13 +6,27 @@ from typing import Any
 
 from torch import nn
 
+from .llama import LlamaForCausalLM, MistralForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
 }
+
+
+def check_sliding_window(hf_config: Any, max_model_len: int) -> None:
+    """Sliding-window attention is not implemented: refuse any run where the window would matter."""
+    window = getattr(hf_config, "sliding_window", None)
+    in_use = getattr(hf_config, "use_sliding_window", True)  # Qwen2 has the flag; Mistral uses it when set
+    if window and in_use and max_model_len > window:
+        raise ValueError(
+            f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention is not "
+            f"implemented; set max_model_len <= {window}"
+        )
 
 
 def get_model_class(hf_config: Any) -> type[nn.Module]:

@@ -129,8 +129,6 @@ class Qwen3ForCausalLM(nn.Module):
                 f"num_attention_heads ({cfg.num_attention_heads}) is not divisible by "
                 f"tensor_parallel_size ({tp_size()})"
             )
-        if getattr(cfg, "use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported for this architecture")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

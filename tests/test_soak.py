@@ -23,7 +23,7 @@ def _engine() -> LLM:
                max_num_batched_tokens=24, max_num_seqs=4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _alone(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     llm = _engine()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)

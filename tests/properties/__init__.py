@@ -1,0 +1,1 @@
+"""Hypothesis property tests of the block manager and scheduler (stateful models, regressions, bites)."""

@@ -138,7 +138,9 @@ class Scheduler:
         return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End `seq` wherever it is (running or waiting) and free its blocks."""
+        """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:

@@ -18,11 +18,11 @@ def _install(session: nox.Session, extras: str = "test,gpu") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Everything CI runs: unit, property, kernel (Triton interpreter) and conformance tests."""
+    """Everything CI runs: unit, property, kernel (Triton interpreter), conformance and perf smoke tests."""
     _install(session)
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "tests", "conformance", "-q", "-p", "no:cacheprovider", *session.posargs,
-                env={"HYPOTHESIS_PROFILE": "ci"})
+    session.run("pytest", "tests", "conformance", "perf", "-q", "-p", "no:cacheprovider", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1"})
 
 
 @nox.session

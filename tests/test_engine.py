@@ -38,7 +38,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
 CONFIGS = {
     "block16": dict(kvcache_block_size=16),
     "block256": dict(kvcache_block_size=256),
-    "preempt": dict(kvcache_block_size=16, num_kvcache_blocks=16),
+    "preempt": dict(kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=256),
     "chunked": dict(max_num_batched_tokens=50),
     "no_prefix_cache": dict(enable_prefix_caching=False),
 }

@@ -88,11 +88,14 @@ class NanovllmRefAdapter:
 class HFAdapter:
     """Hugging Face transformers, the reference arithmetic: ``attn_implementation="eager"``, one prompt at a
     time without padding, a manual greedy loop over the KV cache (EOS never stops it), logprobs =
-    ``log_softmax(logits.float())``, greedy and top-k ties broken by the lowest token id."""
+    ``log_softmax(logits.float())``, greedy and top-k ties broken by the lowest token id. Another
+    ``attn_implementation`` (e.g. "sdpa") gives a second correct computation, to measure float noise."""
 
     name = "hf"
 
-    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu") -> None:
+    def __init__(
+        self, model_path: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "eager"
+    ) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -101,7 +104,7 @@ class HFAdapter:
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, attn_implementation="eager", **{dtype_key: torch_dtype}
+            model_path, attn_implementation=attn_implementation, **{dtype_key: torch_dtype}
         ).to(device).eval()
         self.device = device
         # transformers >= 5.x renamed `past_key_values` to `cache` (the old name warns, then goes away)

@@ -55,16 +55,33 @@ def golden_reference(checkpoint: str, dtype: str) -> Reference:
 
 def live_reference(
     model: str, model_path: str, dtype: str, prompts: list[list[int]], prompt_ids: list[str],
-    max_tokens: int = 32, top_k: int = 20,
+    max_tokens: int = 32, top_k: int = 20, measure_noise: bool = True,
 ) -> Reference:
-    """Compute the reference now with :class:`HFAdapter` (transformers, eager, one prompt at a time)."""
-    hf = HFAdapter(model_path, dtype)
+    """Compute the reference now with :class:`HFAdapter` (transformers, eager, one prompt at a time).
+
+    With ``measure_noise`` the same prompts are also run with sdpa attention, and the largest |dlogprob|
+    between the two (as golden/make_goldens.py measures it) goes to ``meta["noise"]`` = {"generated",
+    "prompt"}, from which :func:`~nanovllm_ref.oracle.tolerances.noise_tolerance` derives this model's bounds.
+    """
+    outputs = _hf_run(model_path, dtype, "eager", prompts, max_tokens, top_k)
+    ref = Reference(model, model_path, dtype, [list(p) for p in prompts], list(prompt_ids), outputs,
+                    max_tokens, top_k, source="live")
+    if measure_noise:
+        alt = _hf_run(model_path, dtype, "sdpa", prompts, max_tokens, top_k)
+        rep = compare_all(outputs, alt, top_k=top_k, tol=float("inf"), prompt_tol=float("inf"))
+        ref.meta["noise"] = {"generated": max(p.max_gen_diff for p in rep.prompts),
+                             "prompt": max(p.max_prompt_diff for p in rep.prompts),
+                             "method": "transformers eager vs sdpa, one prompt at a time"}
+    return ref
+
+
+def _hf_run(model_path: str, dtype: str, attn: str, prompts: list[list[int]], max_tokens: int,
+            top_k: int) -> list[EngineOutput]:
+    hf = HFAdapter(model_path, dtype, attn_implementation=attn)
     try:
-        outputs = hf.generate(prompts, max_tokens, top_k, prompt_logprobs=True)
+        return hf.generate(prompts, max_tokens, top_k, prompt_logprobs=True)
     finally:
         hf.close()
-    return Reference(model, model_path, dtype, [list(p) for p in prompts], list(prompt_ids), outputs,
-                     max_tokens, top_k, source="live")
 
 
 def run_check(

@@ -1,0 +1,137 @@
+"""Shared pieces of the conformance suite: model selection, engine and reference pools, tolerances."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nanovllm_ref.oracle.adapters import EngineAdapter, load_adapter
+from nanovllm_ref.oracle.compare import EngineOutput
+from nanovllm_ref.oracle.references import Reference, golden_reference, live_reference
+from nanovllm_ref.oracle.tolerances import Tolerance, golden_tolerance, noise_tolerance
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str
+    golden: bool  # a checkpoint of golden/checkpoints (goldens available)
+
+
+@dataclass(frozen=True)
+class Options:
+    engine: str
+    reference: str
+    tp: int
+    tol: float | None
+    prompt_tol: float | None
+
+
+def selected_models(config: pytest.Config) -> list[ModelSpec]:
+    from golden.load import CHECKPOINTS_DIR, checkpoint_path, list_checkpoints
+
+    raw = config.getoption("--model")
+    raw = [raw] if isinstance(raw, str) else list(raw or [])  # a str when another conftest owns --model
+    names = [m.strip() for opt in raw for m in opt.split(",") if m.strip()]
+    if not names:
+        return [ModelSpec(n, checkpoint_path(n), True) for n in list_checkpoints()]
+    specs = []
+    for n in names:
+        if os.path.isdir(n) and Path(n).resolve().parent == CHECKPOINTS_DIR.resolve():
+            n = Path(n).resolve().name  # a golden checkpoint given by its path
+        if n in list_checkpoints():
+            specs.append(ModelSpec(n, checkpoint_path(n), True))
+        elif os.path.isdir(n):
+            path = os.path.abspath(n)
+            specs.append(ModelSpec(os.path.basename(path.rstrip("/")), path, False))
+        else:
+            raise pytest.UsageError(f"--model {n!r} is neither a golden checkpoint ({list_checkpoints()}) "
+                                    "nor a checkpoint folder")
+    return specs
+
+
+def tolerance_for(dtype: str, options: Options, ref: Reference | None = None) -> Tolerance:
+    """The golden tolerance; for a live reference, the one derived from the noise measured on that model
+    (transformers eager vs sdpa); --tol / --prompt-tol override either."""
+    noise = ref.meta.get("noise") if ref is not None else None
+    if noise:
+        tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}")
+    else:
+        tol = golden_tolerance(dtype)
+    return tol.override(options.tol, options.prompt_tol)
+
+
+class EnginePool:
+    """Engines built once per (engine, model, dtype, settings), reused across tests, closed at session end."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.adapters: dict[tuple, EngineAdapter] = {}
+        self.outputs: dict[tuple, list[EngineOutput]] = {}
+
+    def engine_kwargs(self, **extra: Any) -> dict[str, Any]:
+        """``extra`` plus --tp for nanovllm_ref (``tensor_parallel_size=1`` is the default, so left out)."""
+        if self.options.engine != "nanovllm_ref":
+            return extra
+        kwargs = {"tensor_parallel_size": self.options.tp, **extra}
+        if kwargs["tensor_parallel_size"] == 1:
+            del kwargs["tensor_parallel_size"]
+        return kwargs
+
+    def get(self, model: ModelSpec, dtype: str, **extra: Any) -> EngineAdapter:
+        kwargs = self.engine_kwargs(**extra)
+        key = (self.options.engine, model.path, dtype, tuple(sorted(kwargs.items())))
+        if key not in self.adapters:
+            self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
+        return self.adapters[key]
+
+    def generate(self, model: ModelSpec, dtype: str, ref: Reference, **extra: Any) -> list[EngineOutput]:
+        """The engine's outputs for all reference prompts submitted at once (memoized)."""
+        key = (model.path, dtype, tuple(sorted(self.engine_kwargs(**extra).items())))
+        if key not in self.outputs:
+            adapter = self.get(model, dtype, **extra)
+            self.outputs[key] = adapter.generate(ref.prompts, ref.max_tokens, ref.top_k, prompt_logprobs=True)
+        return self.outputs[key]
+
+    def close(self) -> None:
+        for adapter in self.adapters.values():
+            adapter.close()
+        self.adapters.clear()
+
+
+class ReferencePool:
+    """Golden or live references per (model, dtype), loaded or computed once."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.cache: dict[tuple, Reference] = {}
+
+    def get(self, model: ModelSpec, dtype: str) -> Reference:
+        key = (model.path, dtype)
+        if key not in self.cache:
+            self.cache[key] = self._make(model, dtype)
+        return self.cache[key]
+
+    def _make(self, model: ModelSpec, dtype: str) -> Reference:
+        if self.options.reference == "golden":
+            if not model.golden:
+                pytest.skip(f"{model.path} has no goldens: use --reference live")
+            return golden_reference(model.name, dtype)
+        prompts, names = live_prompts(model.path)
+        return live_reference(model.name, model.path, dtype, prompts, names)
+
+
+def live_prompts(model_path: str) -> tuple[list[list[int]], list[str]]:
+    """The golden prompt set (token ids taken modulo the model's vocabulary), for live references."""
+    from golden.load import list_checkpoints
+
+    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
+    ref = golden_reference(list_checkpoints()[0], "float32")
+    return [[t % vocab for t in p] for p in ref.prompts], ref.prompt_ids
+
+

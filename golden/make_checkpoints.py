@@ -1,0 +1,309 @@
+"""Build the tiny golden checkpoints: a byte-level BPE tokenizer and three briefly trained models.
+
+Everything is made locally from the Python standard library sources (no hub access):
+
+* the tokenizer is trained with the ``tokenizers`` library on the top-level ``*.py`` files of the
+  stdlib directory (sorted by name), vocab ``VOCAB_SIZE`` with ``<|endoftext|>`` as id 0
+  (used as eos, bos and pad);
+* each model is trained from scratch with AdamW for ``CheckpointSpec.steps`` steps on random
+  windows of a small text (the stdlib packages ``json`` and ``logging``, ~75k tokens; the golden
+  prompts come from the same text), fixed seeds and one thread, then saved in float32 as an HF
+  folder. The models deliberately (over)fit that text so that their next-token distributions are
+  peaked like a real model's on familiar code, not near-uniform.
+
+Run through ``python -m golden.make`` (``nox -s golden``); never run automatically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from golden.load import CHECKPOINTS_DIR
+
+EOS = "<|endoftext|>"
+EOS_ID = 0
+VOCAB_SIZE = 1536
+STDLIB_DIR = Path(os.path.dirname(os.__file__))
+NUM_THREADS = 1  # fixed: weights and goldens must not depend on the host core count
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """One golden checkpoint: architecture, config overrides and training settings."""
+
+    name: str
+    arch: str  # "qwen3" or "qwen2"
+    config: dict = field(default_factory=dict)
+    seed: int = 0
+    steps: int = 1500
+    batch_size: int = 3
+    seq_len: int = 336  # covers the longest golden prompt (300) + 32 generated tokens
+    lr: float = 4e-3
+
+
+def _arch(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, tied: bool, theta: float, **kw) -> dict:
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tied,
+        rope_theta=theta,
+        **kw,
+    )
+
+
+SPECS: list[CheckpointSpec] = [
+    # tied embeddings, GQA 2, head_dim == hidden / heads
+    CheckpointSpec("qwen3-tiny", "qwen3", _arch(64, 192, 2, 4, 2, True, 1e6, head_dim=16), seed=1, steps=2500, lr=5e-3),
+    # untied, GQA 4, head_dim 32 != hidden / heads (96 / 8 = 12), 3 layers
+    CheckpointSpec("qwen3-gqa4", "qwen3", _arch(96, 256, 3, 8, 2, False, 1e4, head_dim=32), seed=2),
+    # Qwen2: q/k/v biases, untied, GQA 2, head_dim = 128 / 4 = 32
+    CheckpointSpec("qwen2-tiny", "qwen2", _arch(128, 352, 2, 4, 2, False, 1e6), seed=3),
+]
+
+
+def corpus_files() -> list[Path]:
+    """Tokenizer training text: the top-level stdlib ``*.py`` files, sorted by name."""
+    return sorted(STDLIB_DIR.glob("*.py"), key=lambda p: p.name)
+
+
+def _package_files(*packages: str) -> list[Path]:
+    return [p for pkg in packages for p in sorted((STDLIB_DIR / pkg).glob("*.py"), key=lambda p: p.name)]
+
+
+def prompt_source_files() -> list[Path]:
+    """Model training text, also the source of the golden prompts: stdlib ``json`` and ``logging``."""
+    return _package_files("json", "logging")
+
+
+def heldout_files() -> list[Path]:
+    """Text never trained on, for the held-out loss in ``train_stats.json``: stdlib ``collections``."""
+    return _package_files("collections")
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+# Qwen2's pre-tokenizer regex: transformers 5 rebuilds this pipeline for ``Qwen2Tokenizer`` (which
+# AutoTokenizer picks for model_type qwen2 whatever tokenizer_config.json says), so the tokenizer
+# is built exactly like it and tokenizes identically through every loading path.
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def train_tokenizer():
+    """Qwen2-style byte-level BPE trained on :func:`corpus_files`; returns a ``tokenizers.Tokenizer``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([read_text(p) for p in corpus_files()], trainer)
+    assert tok.token_to_id(EOS) == EOS_ID and tok.get_vocab_size() == VOCAB_SIZE
+    return tok
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_tokenizer(tok, folder: Path) -> None:
+    """tokenizer.json + tokenizer_config.json + special_tokens_map.json (AutoTokenizer, offline)."""
+    tok.save(str(folder / "tokenizer.json"))
+    added = {
+        str(EOS_ID): {
+            "content": EOS,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+    }
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "Qwen2Tokenizer",
+            "added_tokens_decoder": added,
+            "bos_token": EOS,
+            "eos_token": EOS,
+            "pad_token": EOS,
+            "unk_token": None,
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+        },
+    )
+    _write_json(folder / "special_tokens_map.json", {"bos_token": EOS, "eos_token": EOS, "pad_token": EOS})
+
+
+def build_config(spec: CheckpointSpec):
+    from transformers import Qwen2Config, Qwen3Config
+
+    kwargs = dict(spec.config)
+    rope_theta = kwargs.pop("rope_theta")
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        bos_token_id=EOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        hidden_act="silu",
+        initializer_range=0.02,
+        use_cache=True,
+    )
+    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[spec.arch]
+    return cls(**common, **kwargs)
+
+
+def lr_at(step: int, spec: CheckpointSpec) -> float:
+    """Linear warmup (5%), cosine decay to 10% of the peak."""
+    warmup = max(1, spec.steps // 20)
+    if step < warmup:
+        return spec.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, spec.steps - warmup)
+    return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def train_model(spec: CheckpointSpec, train_ids: torch.Tensor, eval_ids: torch.Tensor):
+    """Train one model from scratch; returns (model, stats dict)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = build_config(spec)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    gen = torch.Generator().manual_seed(spec.seed)
+    offsets = torch.arange(spec.seq_len)
+    losses: list[float] = []
+    t0 = time.time()
+    model.train()
+    for step in range(spec.steps):
+        starts = torch.randint(0, len(train_ids) - spec.seq_len, (spec.batch_size,), generator=gen)
+        batch = train_ids[starts[:, None] + offsets]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, spec)
+        loss = model(input_ids=batch, labels=batch).loss  # HF shifts labels internally
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 100 == 0 or step == spec.steps - 1:
+            print(f"  [{spec.name}] step {step:4d} loss {loss.item():.4f} ({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    with torch.no_grad():
+        n = len(eval_ids) // spec.seq_len
+        chunks = eval_ids[: n * spec.seq_len].view(n, spec.seq_len).split(8)
+        eval_loss = sum(float(model(input_ids=c, labels=c).loss) * len(c) for c in chunks) / n
+    stats = {
+        "steps": spec.steps,
+        "batch_size": spec.batch_size,
+        "seq_len": spec.seq_len,
+        "peak_lr": spec.lr,
+        "seed": spec.seed,
+        "initial_loss": losses[0],
+        "final_loss": losses[-1],
+        "final_loss_mean_last_50": sum(losses[-50:]) / len(losses[-50:]),
+        "heldout_loss": eval_loss,
+        "train_seconds": round(time.time() - t0, 1),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }
+    return model, stats
+
+
+def save_checkpoint(model, tok, spec: CheckpointSpec, stats: dict) -> Path:
+    folder = CHECKPOINTS_DIR / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():
+        old.unlink()
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "generation_config.json").unlink(missing_ok=True)  # replaced by a minimal one below
+    # Normalize config.json: legacy keys (rope_theta, torch_dtype) for older readers, sorted keys.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(
+        rope_theta=spec.config["rope_theta"],
+        torch_dtype="float32",
+        dtype="float32",
+        architectures=[type(model).__name__],
+    )
+    _write_json(folder / "config.json", cfg)
+    _write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": EOS_ID,
+            "eos_token_id": EOS_ID,
+            "pad_token_id": EOS_ID,
+            "do_sample": False,
+            "transformers_version": cfg.get("transformers_version", ""),
+        },
+    )
+    save_tokenizer(tok, folder)
+    _write_json(folder / "train_stats.json", stats)
+    return folder
+
+
+def encode_files(tok, files: list[Path]) -> torch.Tensor:
+    """Token ids of the files, each followed by EOS."""
+    ids: list[int] = []
+    for enc in tok.encode_batch([read_text(p) for p in files]):
+        ids.extend(enc.ids)
+        ids.append(EOS_ID)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def main(names: list[str] | None = None) -> None:
+    torch.set_num_threads(NUM_THREADS)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.time()
+    tok = train_tokenizer()
+    train_ids = encode_files(tok, prompt_source_files())
+    eval_ids = encode_files(tok, heldout_files())
+    print(
+        f"tokenizer: vocab {tok.get_vocab_size()}, train tokens {len(train_ids)}, "
+        f"held-out tokens {len(eval_ids)} ({time.time() - t0:.0f}s)",
+        flush=True,
+    )
+    for spec in SPECS:
+        if names and spec.name not in names:
+            continue
+        model, stats = train_model(spec, train_ids, eval_ids)
+        stats["train_text"] = {
+            "files": [str(p.relative_to(STDLIB_DIR)) for p in prompt_source_files()],
+            "tokens": len(train_ids),
+        }
+        stats["tokenizer_text"] = {"files": len(corpus_files()), "glob": "<stdlib>/*.py"}
+        folder = save_checkpoint(model, tok, spec, stats)
+        print(f"saved {folder}: final loss {stats['final_loss']:.3f}, held-out {stats['heldout_loss']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

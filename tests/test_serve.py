@@ -23,7 +23,7 @@ PROMPTS = [[5, 6, 7], [9] * 20 + [3, 4], list(range(3, 60))]
 
 @pytest.fixture(scope="module")
 def server():
-    llm = LLM(str(checkpoint_path(QWEN3)), dtype="float32", max_model_len=256)
+    llm = LLM(str(checkpoint_path(QWEN3)), dtype="float32", max_model_len=512)
     srv = make_server(llm, "127.0.0.1", 0, model_name="tiny")
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -43,7 +43,7 @@ def post(url: str, payload: dict) -> tuple[int, bytes]:
 
 def test_openai_adapter_matches_offline_engine(server):
     remote = OpenAIAdapter(server).generate(PROMPTS, max_tokens=8, top_k=5, prompt_logprobs=True)
-    local = NanovllmRefAdapter(str(checkpoint_path(QWEN3)), "float32", max_model_len=256).generate(
+    local = NanovllmRefAdapter(str(checkpoint_path(QWEN3)), "float32", max_model_len=512).generate(
         PROMPTS, max_tokens=8, top_k=5, prompt_logprobs=True)
     for r, loc in zip(remote, local):
         assert r.token_ids == loc.token_ids
@@ -73,7 +73,7 @@ def test_streaming_gives_the_same_tokens(server):
         ({"prompt": [5], "max_tokens": 0}, "max_tokens"),
         ({"prompt": [5], "temperature": -1}, "temperature"),
         ({"prompt": [5], "logprobs": 99}, "logprobs"),
-        ({"prompt": [5] * 300, "max_tokens": 3}, "max_model_len"),
+        ({"prompt": [5] * 600, "max_tokens": 3}, "max_model_len"),
     ],
 )
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, payload, words):
@@ -91,3 +91,35 @@ def test_invalid_json_and_unknown_route(server):
     assert e.value.code == 400
     status, _ = post(f"{server}/nothing", {})
     assert status == 404
+
+
+def _run_conformance(engine: str, tmp_path) -> tuple[int, str]:
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_golden.py", "-q", "-p", "no:cacheprovider",
+           "--engine", engine, "--model", QWEN3, "--dtype", "float32", "--report", str(report), "-k", "not gpu"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_conformance_suite_passes_through_the_openai_adapter(server, tmp_path):
+    code, log = _run_conformance(f"openai:{server}", tmp_path)
+    assert code == 0, log[-3000:]
+    assert "passed" in log
+
+
+@pytest.mark.parametrize("what", ["token", "logprob"])
+def test_conformance_suite_fails_on_a_perturbed_engine_naming_prompt_and_position(tmp_path, what):
+    from .perturbing_adapter import PROMPT, STEP
+
+    code, log = _run_conformance(f"tests.perturbing_adapter:{what}_factory", tmp_path)
+    assert code != 0, log[-3000:]
+    from golden.load import load_golden
+
+    prompt_name = load_golden(QWEN3, "float32").prompt_names[PROMPT]
+    assert prompt_name in log and f"step {STEP}" in log, log[-3000:]

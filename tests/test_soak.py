@@ -17,15 +17,19 @@ from .conftest import QWEN3, checkpoint_path
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28]  # > one block: prefix hits
 
 
-@functools.lru_cache(maxsize=1)
-def _engine() -> LLM:
+def _new_engine() -> LLM:
     return LLM(str(checkpoint_path(QWEN3)), dtype="float32", num_kvcache_blocks=12, max_model_len=96,
                max_num_batched_tokens=24, max_num_seqs=4)
 
 
+@functools.lru_cache(maxsize=1)
+def _alone_engine() -> LLM:
+    return _new_engine()
+
+
 @functools.cache
 def _alone(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-    llm = _engine()
+    llm = _alone_engine()  # its own engine: generate() drives every request of the engine it runs on
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return llm.generate([list(prompt)], params, use_tqdm=False)[0].token_ids
 
@@ -33,9 +37,7 @@ def _alone(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
 class EngineSoak(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.llm = _engine()
-        assert not self.llm.has_unfinished()
-        self.llm.reset_prefix_cache()
+        self.llm = _new_engine()  # fresh per example: no state leaks between examples
         self.live: dict[str, tuple[tuple[int, ...], SamplingParams]] = {}
 
     @rule(

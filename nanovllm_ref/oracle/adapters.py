@@ -27,7 +27,7 @@ ADAPTERS: dict[str, str] = {
     # Planned (not written yet), e.g.:
     # "vllm": "nanovllm_ref.oracle.vllm_adapter:VLLMAdapter",
     # "sglang": "nanovllm_ref.oracle.sglang_adapter:SGLangAdapter",
-    # "openai": "nanovllm_ref.oracle.openai_adapter:OpenAIAdapter",
+    # "openai:<base url>" (any OpenAI-compatible server) is resolved by load_adapter
 }
 
 
@@ -178,6 +178,10 @@ def resolve_factory(spec: str) -> Callable[..., EngineAdapter]:
 def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdapter:
     """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, or
     "pkg.module:factory") for the checkpoint ``model`` in ``dtype``; ``kwargs`` go to the factory."""
+    if spec.startswith("openai:"):  # the server decides model and dtype; the URL is all we need
+        from .openai_adapter import OpenAIAdapter
+
+        return OpenAIAdapter(spec[len("openai:"):])
     adapter = resolve_factory(spec)(model, dtype, **kwargs)
     missing = [a for a in ("name", "generate", "close") if not hasattr(adapter, a)]
     if missing:

@@ -8,6 +8,7 @@ when asked. Works against vLLM, SGLang (which accept the same extensions) and `n
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 from .compare import EngineOutput
@@ -32,8 +33,11 @@ class OpenAIAdapter:
     def _post(self, payload: dict) -> dict:
         req = urllib.request.Request(f"{self.base_url}/completions", data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-            return json.load(r)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{self.base_url}/completions answered HTTP {e.code}: {e.read()[:500]!r}") from None
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,
                  prompt_logprobs: bool) -> list[EngineOutput]:

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from torch import nn
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def safetensors_files(path: str) -> list[str]:
@@ -49,6 +50,9 @@ def load_weights(model: nn.Module, path: str) -> None:
                     if param is None:
                         raise ValueError(f"checkpoint tensor {name!r} has no counterpart in the model")
                     tensor = f.get_tensor(name)
+                    if tensor.dtype not in LOADABLE_DTYPES:
+                        raise ValueError(f"checkpoint tensor {name!r} has dtype {tensor.dtype}, which is not "
+                                         f"supported (loadable: float32, float16, bfloat16; no quantized weights)")
                     try:
                         param.weight_loader(param, tensor, shard_id) if hasattr(param, "weight_loader") else (
                             _copy_checked(param, tensor)

@@ -153,6 +153,15 @@ def test_wrong_shape_names_tensor_and_both_shapes(broken_checkpoint):
         LLM(str(broken_checkpoint))
 
 
+def test_unsupported_tensor_dtype(broken_checkpoint):
+    def quantize(t):
+        t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"].to(torch.int8)
+
+    _edit_weights(broken_checkpoint, quantize)
+    with pytest.raises(ValueError, match="up_proj.weight.*dtype torch.int8"):
+        LLM(str(broken_checkpoint))
+
+
 def test_truncated_safetensors(broken_checkpoint):
     path = broken_checkpoint / "model.safetensors"
     data = path.read_bytes()

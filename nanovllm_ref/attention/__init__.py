@@ -11,7 +11,6 @@ from .torch_backend import TorchBackend
 BACKENDS: dict[str, str] = {
     "torch": "nanovllm_ref.attention.torch_backend:TorchBackend",
     "triton": "nanovllm_ref.attention.triton_backend:TritonBackend",
-    "flash_attn": "nanovllm_ref.attention.flash_attn_backend:FlashAttnBackend",
 }
 
 
@@ -19,11 +18,9 @@ def resolve_backend_name(name: str, device: str) -> str:
     if name == "auto":
         if device == "cpu":
             return "torch"
-        return "flash_attn" if importlib.util.find_spec("flash_attn") else "triton"
+        return "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
-    if name == "flash_attn" and device == "cpu":
-        raise ValueError("attention_backend 'flash_attn' needs device 'cuda'; on the CPU use 'torch'")
     return name
 
 

@@ -1,10 +1,11 @@
-"""Tensor-parallel execution on one node: rank 0 in the caller's process, ranks > 0 spawned.
+"""Tensor-parallel execution on one node: every rank runs in a spawned worker; the caller only schedules.
 
-Ranks talk through torch.distributed: gloo on CPU, NCCL on GPU, rendezvous on a free port chosen at start
-(two engines coexist). Each step, rank 0 broadcasts the StepInput as a pickled object on a gloo group
-(no size cap, no shared-memory names to clash); every rank runs the same forward; rank 0 samples.
-A worker that raises reports "rank N: cause" on an error queue and exits; rank 0's next collective then
-fails and the caller gets that report. Workers are daemons, so no process outlives the caller.
+Ranks talk through torch.distributed (gloo on CPU, NCCL on GPU) with a rendezvous on a free port chosen at
+start, and no process group lives in the caller: two engines coexist in one process tree. Each step the
+caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
+shared-memory names to clash); every rank runs the same forward; rank 0 samples and answers. A worker that
+raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
+raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import queue
+import pickle
 import socket
+import time
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from .inputs import StepInput
 from .model_runner import ModelRunner, RunnerSpec, StepOutput
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("NANOVLLM_REF_TP_TIMEOUT", "60")))
+STARTUP_TIMEOUT_S = float(os.environ.get("NANOVLLM_REF_TP_STARTUP_TIMEOUT", "900"))
 
 
 def free_port() -> int:
@@ -43,31 +47,30 @@ def check_tp_size(hf_config: Any, tp: int, device: str) -> None:
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible GPUs")
 
 
-def _init_rank(rank: int, world: int, port: int, device: str) -> dist.ProcessGroup:
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
-    )
-    return dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT) if backend == "nccl" else dist.group.WORLD
-
-
-def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: Any, errors: mp.Queue) -> None:
+def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: Any, conn: Connection) -> None:
     try:
-        control = _init_rank(rank, world, port, spec.device)
+        if spec.device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if spec.device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+            world_size=world, timeout=COLLECTIVE_TIMEOUT,
+        )
         runner = ModelRunner(spec, hf_config)
+        conn.send(("ready", runner.num_kvcache_blocks))
         while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=control)
-            command, arg = box[0]
+            command, step = pickle.loads(conn.recv_bytes())
             if command == "exit":
                 break
-            runner.execute(arg)
-    except KeyboardInterrupt:
+            out = runner.execute(step)
+            if rank == 0:
+                conn.send(("output", out))
+    except (KeyboardInterrupt, EOFError):
         pass
-    except BaseException as e:  # report, then exit: rank 0 learns of it when its next collective fails
-        errors.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
+    except BaseException as e:
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
+        except Exception:
+            pass
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -77,65 +80,80 @@ class TPExecutor:
     def __init__(self, spec: RunnerSpec, hf_config: Any, tp: int) -> None:
         check_tp_size(hf_config, tp, spec.device)
         ctx = mp.get_context("spawn")
-        self.errors: mp.Queue = ctx.Queue()
         port = free_port()
-        self.procs = [
-            ctx.Process(target=_worker_main, args=(r, tp, port, spec, hf_config, self.errors), daemon=True)
-            for r in range(1, tp)
-        ]
-        for p in self.procs:
-            p.start()
+        self.conns: list[Connection] = []
+        self.procs = []
+        for rank in range(tp):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(rank, tp, port, spec, hf_config, child), daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
         self._closed = False
         atexit.register(self.shutdown)
-        try:
-            self.control = _init_rank(0, tp, port, spec.device)
-            self.runner = ModelRunner(spec, hf_config)
-        except Exception as e:
-            self._raise_worker_error(e)
-        self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        replies = [self._receive(rank, STARTUP_TIMEOUT_S) for rank in range(tp)]
+        self.num_kvcache_blocks = replies[0]
 
-    def _broadcast(self, command: str, arg: Any = None) -> None:
-        dist.broadcast_object_list([(command, arg)], src=0, group=self.control)
+    def _receive(self, rank: int, timeout_s: float) -> Any:
+        """Rank `rank`'s next reply; raises RuntimeError naming the rank if any worker fails or dies first."""
+        deadline = time.monotonic() + timeout_s
+        while not self.conns[rank].poll(0.2):
+            for r, (proc, conn) in enumerate(zip(self.procs, self.conns)):
+                if r != rank and proc.is_alive() and conn.poll():  # another rank reported an error
+                    try:
+                        kind, payload = conn.recv()
+                    except (EOFError, OSError):
+                        kind, payload = "error", f"died (exit code {proc.exitcode})"
+                    if kind == "error":
+                        self._fail(f"tensor-parallel worker rank {r} failed: {payload}")
+                if not proc.is_alive():
+                    self._fail(f"tensor-parallel worker rank {r} died (exit code {proc.exitcode})")
+            if time.monotonic() > deadline:
+                self._fail(f"tensor-parallel worker rank {rank} did not answer within {timeout_s:.0f} s")
+        try:
+            kind, payload = self.conns[rank].recv()
+        except (EOFError, OSError):
+            self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
+        if kind == "error":
+            self._fail(f"tensor-parallel worker rank {rank} failed: {payload}")
+        return payload
+
+    def _fail(self, message: str) -> None:
+        """Raise `message`, led by the root cause when it is another worker's death (its peers then fail
+        in their collectives, and may report before the dead one is noticed)."""
+        time.sleep(0.5)  # let a killed peer's exit status settle
+        dead = [f"rank {r} died (exit code {p.exitcode})" for r, p in enumerate(self.procs)
+                if p.exitcode not in (None, 0) and f"rank {r} died" not in message]
+        self.shutdown(graceful=False)
+        raise RuntimeError(f"tensor-parallel worker {'; '.join(dead)}; then: {message}" if dead else message)
 
     def execute(self, step: StepInput) -> StepOutput:
-        try:
-            self._broadcast("execute", step)
-            return self.runner.execute(step)
-        except Exception as e:
-            self._raise_worker_error(e)
-
-    def _raise_worker_error(self, cause: Exception) -> None:
-        try:
-            rank, message = self.errors.get(timeout=5)
-            detail = f"tensor-parallel worker rank {rank} failed: {message}"
-        except queue.Empty:
-            dead = [i + 1 for i, p in enumerate(self.procs) if not p.is_alive()]
-            who = f"worker rank(s) {dead} died (exit codes {[self.procs[r - 1].exitcode for r in dead]})" if dead else (
-                "rank 0 failed"
-            )
-            detail = f"tensor-parallel {who}: {type(cause).__name__}: {cause}"
-        self.shutdown(graceful=False)
-        raise RuntimeError(detail) from cause
+        if self._closed:
+            raise RuntimeError("the tensor-parallel workers were shut down")
+        data = pickle.dumps(("execute", step), protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except (BrokenPipeError, OSError):
+                self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
+        return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
 
     def shutdown(self, graceful: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
-        if graceful and all(p.is_alive() for p in self.procs):
-            try:
-                self._broadcast("exit")
-            except Exception:
-                pass
-        for p in self.procs:
-            p.join(timeout=10 if graceful else 1)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        if getattr(self, "runner", None) is not None:
-            self.runner.shutdown()
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
+        if graceful:
+            for conn in self.conns:
+                try:
+                    conn.send_bytes(pickle.dumps(("exit", None)))
+                except Exception:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=10 if graceful else 0.5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
         atexit.unregister(self.shutdown)

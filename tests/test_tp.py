@@ -1,0 +1,70 @@
+"""Tensor parallelism on the CPU (gloo): TP=2 and TP=4 give TP=1's greedy tokens; two TP engines coexist;
+a killed worker surfaces as an error naming the rank within 30 s and leaves no process behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from nanovllm_ref import LLM, SamplingParams
+
+from .conftest import checkpoint_path
+
+MODEL = "qwen3-gqa4"  # 8 query heads, 2 KV heads: TP=4 replicates each KV head on two ranks
+PROMPTS = [[5, 6, 7], [9] * 20 + [3, 4], list(range(3, 60)), [11]]
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    llm = LLM(str(checkpoint_path(MODEL)), dtype="float32", max_model_len=256)
+    return llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+
+
+def _assert_same(outs, reference) -> None:
+    for out, ref in zip(outs, reference):
+        assert out.token_ids == ref.token_ids
+        for a, b in zip(out.logprobs, ref.logprobs):
+            assert max(abs(a[t] - b[t]) for t in b) < 1e-4
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_matches_tp1(reference, tp):
+    with LLM(str(checkpoint_path(MODEL)), dtype="float32", max_model_len=256, tensor_parallel_size=tp) as llm:
+        _assert_same(llm.generate(PROMPTS, GREEDY, use_tqdm=False), reference)
+    assert not multiprocessing.active_children()
+
+
+def test_two_tp_engines_coexist(reference):
+    path = str(checkpoint_path(MODEL))
+    with LLM(path, dtype="float32", max_model_len=256, tensor_parallel_size=2) as a:
+        with LLM(path, dtype="float32", max_model_len=256, tensor_parallel_size=2) as b:
+            for p in PROMPTS:  # interleave the two engines' steps
+                a.add_request(p, GREEDY)
+                b.add_request(p, GREEDY)
+            done_a, done_b = [], []
+            while a.has_unfinished() or b.has_unfinished():
+                done_a += a.step() if a.has_unfinished() else []
+                done_b += b.step() if b.has_unfinished() else []
+    for done in (done_a, done_b):
+        _assert_same(sorted(done, key=lambda o: int(o.request_id)), reference)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_killed_worker_is_reported_within_30s_and_nothing_is_left(victim):
+    llm = LLM(str(checkpoint_path(MODEL)), dtype="float32", max_model_len=256, tensor_parallel_size=2)
+    for p in PROMPTS:
+        llm.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True))
+    llm.step()
+    worker = llm.engine.runner.procs[victim]
+    worker.kill()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"rank {victim}"):
+        while llm.has_unfinished():
+            llm.step()
+    assert time.monotonic() - start < 30
+    llm.shutdown()
+    assert not worker.is_alive() and not multiprocessing.active_children()

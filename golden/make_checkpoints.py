@@ -39,7 +39,7 @@ class CheckpointSpec:
     """One golden checkpoint: architecture, config overrides and training settings."""
 
     name: str
-    arch: str  # "qwen3" or "qwen2"
+    arch: str  # "qwen3", "qwen2", "llama" or "mistral"
     config: dict = field(default_factory=dict)
     seed: int = 0
     steps: int = 1500
@@ -68,6 +68,13 @@ SPECS: list[CheckpointSpec] = [
     CheckpointSpec("qwen3-gqa4", "qwen3", _arch(96, 256, 3, 8, 2, False, 1e4, head_dim=32), seed=2),
     # Qwen2: q/k/v biases, untied, GQA 2, head_dim = 128 / 4 = 32
     CheckpointSpec("qwen2-tiny", "qwen2", _arch(128, 352, 2, 4, 2, False, 1e6), seed=3),
+    # Llama 3.x: "llama3" RoPE scaling (original context 256 < 2048), untied, GQA 4
+    CheckpointSpec("llama3-tiny", "llama", _arch(128, 352, 2, 8, 2, False, 5e5, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=256)), seed=4),
+    # Mistral: no window within max_position_embeddings (a window below max_model_len is refused by the engine)
+    CheckpointSpec("mistral-tiny", "mistral", _arch(96, 256, 2, 4, 1, True, 1e6, head_dim=24, sliding_window=None),
+                   seed=5),
 ]
 
 
@@ -164,15 +171,16 @@ def save_tokenizer(tok, folder: Path) -> None:
 
 
 def build_config(spec: CheckpointSpec):
-    from transformers import Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     kwargs = dict(spec.config)
     rope_theta = kwargs.pop("rope_theta")
+    rope = {"rope_type": "default", **kwargs.pop("rope_scaling", {}), "rope_theta": rope_theta}
     common = dict(
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        rope_parameters=rope,
         bos_token_id=EOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=EOS_ID,
@@ -180,7 +188,7 @@ def build_config(spec: CheckpointSpec):
         initializer_range=0.02,
         use_cache=True,
     )
-    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[spec.arch]
+    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig, "mistral": MistralConfig}[spec.arch]
     return cls(**common, **kwargs)
 
 

@@ -31,11 +31,14 @@ def row_keys(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return pcg_hash((pcg_hash((seeds ^ (seeds >> 32)) & _M32) + counters) & _M32)
 
 
-def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32
+def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32 in (0, 1)
     idx = torch.arange(vocab, device=keys.device, dtype=torch.int64)
     bits = pcg_hash((keys[:, None] + idx[None, :]) & _M32) >> 8  # 24 bits: exact in float32
-    u = (bits.float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u))
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32
+    return -torch.log(-torch.log(uniform_noise(keys, vocab)))
 
 
 def gumbel_sample_reference(

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.sampling import gumbel_sample, gumbel_sample_reference, pcg_hash, row_keys
+from ..kernels.sampling import gumbel_sample, gumbel_sample_reference, row_keys, uniform_noise
 
 
 def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
     """(n, vocab) float32 uniform in (0, 1): the noise source of sampling, exposed for tests."""
-    idx = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = pcg_hash((row_keys(seeds, counters)[:, None] + idx[None, :]) & 0xFFFFFFFF) >> 8
-    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+    return uniform_noise(row_keys(seeds, counters), vocab)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

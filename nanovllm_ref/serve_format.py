@@ -60,9 +60,8 @@ def _wait(handler: Handler, rid: str, inbox: queue.Queue) -> RequestOutput:
 def handle_completions(handler: Handler, body: dict) -> None:
     params = sampling_params_from(body, chat=False)
     as_ids = bool(body.get("return_tokens_as_token_ids", False))
-    prompts = _prompts(body)
-    for p in prompts:  # every prompt validated before any is queued
-        handler.loop.llm.engine.validate_request(p, params)
+    # every prompt validated (and text tokenized, once) before any is queued
+    prompts = [handler.loop.llm.engine.validate_request(p, params) for p in _prompts(body)]
     submitted = [handler.loop.submit(p, params) for p in prompts]
     created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex[:12]}"
     if body.get("stream"):

@@ -96,3 +96,24 @@ def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, f
         step.logits_indices += range(first_row + first - start, first_row + last - start)
         targets = seq.token_ids[first + 1 : last + 1]
         step.prompt_logprobs.append((seq.seq_id, rows, targets, seq.params.prompt_logprobs))
+
+
+def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int, write_cache: bool) -> StepInput:
+    """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups. With `write_cache`,
+    sequence s owns blocks [s * n, (s + 1) * n) and its K/V is stored; otherwise every slot is -1 (nothing
+    is written) and the block tables point at block 0."""
+    step = StepInput()
+    blocks_per_seq = -(-q_len // block_size)
+    for s in range(num_seqs):
+        table = list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) if write_cache else [0] * blocks_per_seq
+        step.input_ids += [0] * q_len
+        step.positions += range(q_len)
+        step.slot_mapping += (
+            [table[p // block_size] * block_size + p % block_size for p in range(q_len)] if write_cache
+            else [-1] * q_len
+        )
+        step.query_start_loc.append(step.query_start_loc[-1] + q_len)
+        step.seq_lens.append(q_len)
+        step.block_tables.append(table)
+        step.logits_indices.append(step.query_start_loc[-1] - 1)
+    return step

@@ -18,7 +18,7 @@ from ..layers.sampler import SamplingBatch, sample, top_logprobs
 from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
-from .inputs import StepInput
+from .inputs import StepInput, dummy_prefill_step
 
 
 @dataclass
@@ -124,17 +124,7 @@ class ModelRunner:
         per_seq = min(spec.max_num_batched_tokens // num_seqs, spec.max_model_len)
         blocks_per_seq = -(-per_seq // spec.block_size)
         self._set_kv_cache(num_seqs * blocks_per_seq)
-        step = StepInput()
-        for s in range(num_seqs):
-            table = list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq))
-            step.input_ids += [0] * per_seq
-            step.positions += range(per_seq)
-            step.slot_mapping += [table[p // spec.block_size] * spec.block_size + p % spec.block_size
-                                  for p in range(per_seq)]
-            step.query_start_loc.append(step.query_start_loc[-1] + per_seq)
-            step.seq_lens.append(per_seq)
-            step.block_tables.append(table)
-            step.logits_indices.append(step.query_start_loc[-1] - 1)
+        step = dummy_prefill_step(num_seqs, per_seq, spec.block_size, write_cache=True)
         hidden = self.compute_hidden(step)
         self.model.compute_logits(hidden[self._tensor(step.logits_indices, torch.int64)])
         torch.cuda.synchronize()
@@ -157,15 +147,7 @@ class ModelRunner:
         """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
         so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
         for q_len, num_seqs in ((32, 1), (2, 2)):
-            step = StepInput()
-            for _ in range(num_seqs):
-                step.input_ids += [0] * q_len
-                step.positions += range(q_len)
-                step.slot_mapping += [-1] * q_len
-                step.query_start_loc.append(step.query_start_loc[-1] + q_len)
-                step.seq_lens.append(q_len)
-                step.block_tables.append([0] * -(-q_len // self.spec.block_size))
-                step.logits_indices.append(step.query_start_loc[-1] - 1)
+            step = dummy_prefill_step(num_seqs, q_len, self.spec.block_size, write_cache=False)
             logits = self.model.compute_logits(self.compute_hidden(step))
             if logits is not None:
                 n = logits.shape[0]

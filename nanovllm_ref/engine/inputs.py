@@ -73,7 +73,7 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
         params = seq.params
         if params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, first_row)
-        if end == len(seq.token_ids):  # this step reaches the last known token: sample the next one
+        if out.samples(seq, num_new):
             step.sample_seq_ids.append(seq.seq_id)
             step.sample_rows.append(len(step.logits_indices))
             step.logits_indices.append(first_row + num_new - 1)

@@ -33,6 +33,7 @@ class HostSim:
     scheduler: Scheduler
     vocab: int = 151936
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    token_pool: list[int] = field(default_factory=list)
     steps: int = 0
     finished: int = 0
     stage_s: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "prepare": 0.0, "update": 0.0})
@@ -62,8 +63,7 @@ class HostSim:
             for _ in range(3):
                 prepare_step(out, BLOCK_SIZE)
         t2 = time.perf_counter()
-        rand = self.rng.randrange
-        sampled = {seq_id: rand(self.vocab) for seq_id in step.sample_seq_ids}
+        sampled = dict(zip(step.sample_seq_ids, self._fake_tokens(len(step.sample_seq_ids))))
         self.finished += len(self.scheduler.update(out, sampled))
         if timed:
             t3 = time.perf_counter()
@@ -72,6 +72,13 @@ class HostSim:
             self.stage_s["update"] += t3 - t2
         self.steps += 1
         return len(out.scheduled)
+
+    def _fake_tokens(self, n: int) -> list[int]:
+        """The fake model's next tokens: random, drawn ahead of time so the draws are not timed as host work."""
+        if len(self.token_pool) < n:
+            self.token_pool = [self.rng.randrange(self.vocab) for _ in range(max(n, 1 << 16))]
+        tokens, self.token_pool = self.token_pool[-n:], self.token_pool[:-n] if n else self.token_pool
+        return tokens
 
     def run_until_decode(self) -> None:
         """Step until every request is admitted and past its prefill (each step is then a pure decode)."""

@@ -65,6 +65,9 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        if not seq.params.ignore_eos:
+            seq.stop_ids |= self.eos_token_ids
+        seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -72,21 +75,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
-            while not self.block_manager.allocate(seq, num_new):
-                victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                out.scheduled.append((seq, num_new))
-                budget -= num_new
-                i += 1
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             cached = self.block_manager.find_cached_prefix(seq)
@@ -102,6 +91,32 @@ class Scheduler:
             budget -= num_new
         return out
 
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Grant running sequences their next tokens, oldest first; returns the budget left."""
+        running, bs, scheduled = self.running, self.block_manager.block_size, out.scheduled
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            num_new = min(len(seq.token_ids) - computed, budget)
+            # the block manager is asked only when the sequence outgrows its blocks (1 decode step in block_size)
+            if computed + num_new > len(seq.block_table) * bs and not self._make_room(seq, num_new, out):
+                break  # seq was the newest and is preempted itself: nothing after it runs
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Allocate for `seq`, preempting the newest running sequences until it fits; False if `seq` went."""
+        while not self.block_manager.allocate(seq, num_new):
+            victim = self.running.pop()  # the newest; never one already scheduled (those come before seq)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
@@ -112,30 +127,27 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> next token. Returns the finished ones."""
         finished = []
-        cache_full_blocks = self.block_manager.cache_full_blocks
+        cache_full_blocks, bs = self.block_manager.cache_full_blocks, self.block_manager.block_size
+        finished_status, get_token = SequenceStatus.FINISHED, sampled.get
         for seq, num_new in out.scheduled:
-            if seq.status is SequenceStatus.FINISHED:  # aborted or failed while the step ran
+            if seq.status is finished_status:  # aborted or failed while the step ran
                 continue
             seq.num_computed_tokens += num_new
-            cache_full_blocks(seq)
-            token = sampled.get(seq.seq_id)
+            if seq.num_computed_tokens >= (len(seq.block_hashes) + 1) * bs:  # a block became full
+                cache_full_blocks(seq)
+            token = get_token(seq.seq_id)
             if token is None:
                 continue
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-                finished.append(seq)
+            token_ids = seq.token_ids
+            token_ids.append(token)
+            if token in seq.stop_ids:
+                self.finish(seq, "stop")
+            elif len(token_ids) >= seq.max_num_tokens:
+                self.finish(seq, "length")
+            else:
+                continue
+            finished.append(seq)
         return finished
-
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            return "stop"
-        num_tokens = len(seq.token_ids)
-        if num_tokens - seq.num_prompt_tokens >= p.max_tokens or num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""

@@ -34,6 +34,15 @@ class Sequence:
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks, in order
+        # What the per-step loops need, computed once: the tokens that end the request (the scheduler adds
+        # eos) and its length limit (capped by max_model_len there), and this request's sampling row.
+        self.stop_ids = frozenset(params.stop_token_ids)
+        self.max_num_tokens = self.num_prompt_tokens + params.max_tokens
+        self.sampling_row = (
+            self.seq_id, float(params.temperature), params.top_k, float(params.top_p), seed,
+            -1 if params.logprobs is None else params.logprobs,
+        )
+        self.wants_prompt_logprobs = params.prompt_logprobs is not None
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None

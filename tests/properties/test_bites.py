@@ -174,12 +174,12 @@ def test_invariant_bites_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_invariant_bites_finish_off_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request finishes one token late: it produces max_tokens + 1 tokens."""
-    @patch(monkeypatch, Scheduler, "_finish_reason")
-    def finish_reason(self: Scheduler, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            return "stop"
-        return "length" if seq.num_output_tokens > p.max_tokens else None
+    original = Scheduler.add
+
+    @patch(monkeypatch, Scheduler, "add")
+    def add(self: Scheduler, seq: Sequence) -> None:
+        original(self, seq)
+        seq.max_num_tokens += 1
 
     assert_bites(SchedulerMachine, "finish")
 

@@ -62,7 +62,7 @@ def tolerance_for(dtype: str, options: Options, ref: Reference | None = None) ->
     if noise:
         tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}")
     else:
-        tol = golden_tolerance(dtype)
+        tol = golden_tolerance(dtype, checkpoint=ref.model if ref is not None else None)
     return tol.override(options.tol, options.prompt_tol)
 
 

@@ -85,3 +85,14 @@ def test_tolerance_derivation() -> None:
     assert t.tol == max(NOISE_FACTOR * 4e-5, FLOOR["float32"])
     assert t.prompt_tol == max(NOISE_FACTOR * 2e-6, FLOOR["float32"])
     assert golden_tolerance("float32", {}).tol == FLOOR["float32"]
+
+
+def test_moe_noise_is_pooled_apart() -> None:
+    def entry(noise: float, **config) -> dict:
+        return {"config": config, "noise": {"bfloat16": {"a": {"generated": {"max": noise}, "prompt": {"max": noise}}}}}
+
+    manifest = {"checkpoints": {"dense": entry(0.3), "moe": entry(2.0, num_experts_per_tok=2)}}
+    assert measured_noise(manifest, "bfloat16") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "dense") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "moe") == (2.0, 2.0)
+    assert golden_tolerance("bfloat16", manifest, "moe").tol == NOISE_FACTOR * 2.0

@@ -39,7 +39,7 @@ class CheckpointSpec:
     """One golden checkpoint: architecture, config overrides and training settings."""
 
     name: str
-    arch: str  # "qwen3", "qwen2", "llama" or "mistral"
+    arch: str  # "qwen3", "qwen2", "llama", "mistral" or "qwen3_moe"
     config: dict = field(default_factory=dict)
     seed: int = 0
     steps: int = 1500
@@ -75,6 +75,10 @@ SPECS: list[CheckpointSpec] = [
     # Mistral: no window within max_position_embeddings (a window below max_model_len is refused by the engine)
     CheckpointSpec("mistral-tiny", "mistral", _arch(96, 256, 2, 4, 1, True, 1e6, head_dim=24, sliding_window=None),
                    seed=5),
+    # Qwen3-MoE: 8 experts, top-2, renormalized; layer 1 is dense (mlp_only_layers) so both MLP paths are covered
+    CheckpointSpec("qwen3-moe-tiny", "qwen3_moe", _arch(64, 192, 3, 4, 2, False, 1e6, head_dim=16, num_experts=8,
+                   num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[1]), seed=6),
 ]
 
 
@@ -171,7 +175,7 @@ def save_tokenizer(tok, folder: Path) -> None:
 
 
 def build_config(spec: CheckpointSpec):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     kwargs = dict(spec.config)
     rope_theta = kwargs.pop("rope_theta")
@@ -188,7 +192,8 @@ def build_config(spec: CheckpointSpec):
         initializer_range=0.02,
         use_cache=True,
     )
-    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig, "mistral": MistralConfig}[spec.arch]
+    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig, "mistral": MistralConfig,
+           "qwen3_moe": Qwen3MoeConfig}[spec.arch]
     return cls(**common, **kwargs)
 
 
@@ -212,6 +217,7 @@ def train_model(spec: CheckpointSpec, train_ids: torch.Tensor, eval_ids: torch.T
     gen = torch.Generator().manual_seed(spec.seed)
     offsets = torch.arange(spec.seq_len)
     losses: list[float] = []
+    moe = {"output_router_logits": True} if spec.arch == "qwen3_moe" else {}  # + load-balancing loss (training only)
     t0 = time.time()
     model.train()
     for step in range(spec.steps):
@@ -219,7 +225,7 @@ def train_model(spec: CheckpointSpec, train_ids: torch.Tensor, eval_ids: torch.T
         batch = train_ids[starts[:, None] + offsets]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)
-        loss = model(input_ids=batch, labels=batch).loss  # HF shifts labels internally
+        loss = model(input_ids=batch, labels=batch, **moe).loss  # HF shifts labels internally
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

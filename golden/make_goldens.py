@@ -236,17 +236,21 @@ def write_manifest(report: dict) -> None:
     MANIFEST_PATH.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def main() -> None:
+def main(names: list[str] | None = None) -> None:
+    """Goldens of every checkpoint, or only of `names` (the other checkpoints' outputs and manifest entries are
+    kept as they are; the noise summary is recomputed over all)."""
     from transformers import AutoTokenizer
 
     torch.set_num_threads(NUM_THREADS)
     OUTPUTS_DIR.mkdir(parents=True, exist_ok=True)
     for old in OUTPUTS_DIR.iterdir():
-        old.unlink()
-    names = list_checkpoints()
+        if not names or old.name.split(".")[0] in names:
+            old.unlink()
+    kept = json.loads(MANIFEST_PATH.read_text())["checkpoints"] if names else {}
+    names = names or list_checkpoints()
     prompts = build_prompts(AutoTokenizer.from_pretrained(checkpoint_path(names[0])))
     ids = [p["ids"] for p in prompts]
-    report: dict = {"checkpoints": {}, "prompts": prompts}
+    report: dict = {"checkpoints": {k: v for k, v in kept.items() if k not in names}, "prompts": prompts}
     for name in names:
         entry = json.loads((Path(checkpoint_path(name)) / "config.json").read_text())
         train = json.loads((Path(checkpoint_path(name)) / "train_stats.json").read_text())
@@ -260,6 +264,13 @@ def main() -> None:
             "tie_word_embeddings",
             "rope_theta",
             "vocab_size",
+            "num_experts",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            "mlp_only_layers",
+            "decoder_sparse_step",
         )
         info = report["checkpoints"][name] = {
             "architecture": entry["architectures"][0],
@@ -281,6 +292,7 @@ def main() -> None:
                 "eager_batched_left_pad": noise.compare(golden, run_batch(load_model(name, dtype), ids, True)),
             }
             print(f"{name} {dtype}: {time.time() - t0:.1f}s margins {info['margins'][dtype]['generated']}")
+    report["checkpoints"] = dict(sorted(report["checkpoints"].items()))
     report["noise_summary"] = noise.summarize(report["checkpoints"])
     write_manifest(report)
     print(json.dumps(report["noise_summary"], indent=2))

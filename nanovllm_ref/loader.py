@@ -1,8 +1,10 @@
 """Load Hugging Face safetensors checkpoints into a model (safetensors only: never pickle).
 
 Checkpoint names are mapped onto the model's packed parameters through `packed_modules_mapping`
-(q/k/v -> qkv_proj, gate/up -> gate_up_proj); each parameter's `weight_loader` does the TP slicing and
-the shape check. Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them.
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj), or first through the model's `checkpoint_target(name)` when it
+has one (per-expert MoE tensors -> stacked expert parameters); each parameter's `weight_loader` does the TP
+slicing and the shape check, and a parameter filled from several tensors lists them in `param.shard_ids`.
+Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ def safetensors_files(path: str) -> list[str]:
     return files
 
 
-def _target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
+def _target(name: str, mapping: dict[str, tuple[str, object]], model: nn.Module) -> tuple[str, object]:
+    hit = model.checkpoint_target(name) if hasattr(model, "checkpoint_target") else None
+    if hit is not None:
+        return hit
     for src, (dst, shard_id) in mapping.items():
         if f".{src}." in name:
             return name.replace(f".{src}.", f".{dst}."), shard_id
@@ -45,7 +50,7 @@ def load_weights(model: nn.Module, path: str) -> None:
                 for name in f.keys():
                     if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                         continue
-                    target, shard_id = _target(name, mapping)
+                    target, shard_id = _target(name, mapping, model)
                     param = params.get(target)
                     if param is None:
                         raise ValueError(f"checkpoint tensor {name!r} has no counterpart in the model")
@@ -78,15 +83,15 @@ def _check_complete(model: nn.Module, params: dict, mapping: dict, loaded: set[s
     for dst, shard_id in mapping.values():
         shards_of.setdefault(dst, set()).add(shard_id)
     missing = []
-    for name in params:
-        if tied and name == "lm_head.weight":
+    for name, param in params.items():
+        if (tied and name == "lm_head.weight") or name in loaded:
             continue
         packed = next((d for d in shards_of if name.endswith(f".{d}.weight") or name.endswith(f".{d}.bias")), None)
-        if packed is None:
-            if name not in loaded:
-                missing.append(name)
+        shards = getattr(param, "shard_ids", None) or (shards_of[packed] if packed else None)
+        if shards is None:
+            missing.append(name)
         else:
-            missing += [f"{name}[{s}]" for s in sorted(shards_of[packed], key=str) if f"{name}#{s}" not in loaded]
+            missing += [f"{name}[{s}]" for s in sorted(shards, key=str) if f"{name}#{s}" not in loaded]
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint is missing tensors for: {missing[:5]}{more}")

@@ -1,4 +1,5 @@
-"""Tensor parallelism on the CPU (gloo): TP=2 and TP=4 give TP=1's greedy tokens; two TP engines coexist;
+"""Tensor parallelism on the CPU (gloo): TP=2 and TP=4 give TP=1's greedy tokens (and TP=2 on the Qwen3-MoE golden,
+experts split along their intermediate dim); two TP engines coexist;
 a killed worker surfaces as an error naming the rank within 30 s and leaves no process behind."""
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def _assert_same(outs, reference) -> None:
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_matches_tp1(reference, tp):
     with LLM(str(checkpoint_path(MODEL)), dtype="float32", max_model_len=256, tensor_parallel_size=tp) as llm:
+        _assert_same(llm.generate(PROMPTS, GREEDY, use_tqdm=False), reference)
+    assert not multiprocessing.active_children()
+
+
+def test_moe_tp2_matches_tp1():
+    path = str(checkpoint_path("qwen3-moe-tiny"))
+    reference = LLM(path, dtype="float32", max_model_len=256).generate(PROMPTS, GREEDY, use_tqdm=False)
+    with LLM(path, dtype="float32", max_model_len=256, tensor_parallel_size=2) as llm:
         _assert_same(llm.generate(PROMPTS, GREEDY, use_tqdm=False), reference)
     assert not multiprocessing.active_children()
 

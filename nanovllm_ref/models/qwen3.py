@@ -7,6 +7,7 @@ technical report; transformers `Qwen3ForCausalLM`; nano-vllm `qwen3.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -68,10 +69,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(cfg, backend_cls, flags)
-        self.mlp = DecoderMLP(cfg, flags["mlp_bias"])
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -88,10 +89,14 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+    def __init__(
+        self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict, make_mlp: Callable[[int], nn.Module]
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend_cls, flags) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, backend_cls, flags, make_mlp(i)) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -117,11 +122,16 @@ class Qwen3ForCausalLM(nn.Module):
     def __init__(self, cfg: Any, backend_cls: type[AttentionBackend]) -> None:
         super().__init__()
         self.check_config(cfg)
-        self.model = DecoderModel(cfg, backend_cls, self.arch_flags(cfg))
+        flags = self.arch_flags(cfg)
+        self.model = DecoderModel(cfg, backend_cls, flags, lambda i: self.make_mlp(cfg, i, flags))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_mlp(self, cfg: Any, layer_idx: int, flags: dict) -> nn.Module:
+        """The MLP of layer `layer_idx` (dense SwiGLU here; per-layer choices in subclasses, e.g. MoE)."""
+        return DecoderMLP(cfg, flags["mlp_bias"])
 
     def check_config(self, cfg: Any) -> None:
         if cfg.num_attention_heads % tp_size():

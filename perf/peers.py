@@ -78,21 +78,22 @@ def run_hf_cb(folder: str, dummy: bool, w: workloads.Workload, device: str, cuda
     model = _hf_model(folder, dummy, device)
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(w.output_lens), eos_token_id=-1, pad_token_id=0)
     cb = ContinuousBatchingConfig(use_cuda_graph=True) if cuda_graph else None
-    with torch.inference_mode():
-        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-        if hasattr(manager, "warmup") and device == "cuda":
-            manager.warmup()
-        manager.start()
-        try:
-            _cb_run(manager, [[5] * 16, [6] * 200, [7] * 700], [8, 8, 8], timeout_s)  # warm-up
-            attn = getattr(model.config, "_attn_implementation", None)  # CB switches it (e.g. "paged|sdpa")
-            sync(device)
-            t0 = time.perf_counter()
-            _, tokens = _cb_run(manager, w.prompts, w.output_lens, timeout_s)
-            sync(device)
-            wall = time.perf_counter() - t0
-        finally:
-            manager.stop(block=True, timeout=30)
+    # no inference_mode here: the manager's cache would become inference tensors that its worker thread
+    # (outside inference mode) cannot update in place (RuntimeError on transformers 5.17)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    if hasattr(manager, "warmup") and device == "cuda":
+        manager.warmup()
+    manager.start()
+    try:
+        _cb_run(manager, [[5] * 16, [6] * 200, [7] * 700], [8, 8, 8], timeout_s)  # warm-up
+        attn = getattr(model.config, "_attn_implementation", None)  # CB switches it (e.g. "paged|sdpa")
+        sync(device)
+        t0 = time.perf_counter()
+        _, tokens = _cb_run(manager, w.prompts, w.output_lens, timeout_s)
+        sync(device)
+        wall = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True, timeout=30)
     return {"wall_s": wall, "output_tokens": tokens, "prompt_tokens": w.prompt_tokens, "attn_implementation": attn,
             "use_cuda_graph": cuda_graph}
 

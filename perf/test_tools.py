@@ -109,3 +109,11 @@ def test_report(tmp_path):
     md = (out / "report.md").read_text()
     assert "nanovllm_ref" in md and "hf-cb" in md and "decode-b1-ctx1" in md
     assert os.path.exists(out / "report.md")
+
+
+def test_hf_cb_peer_runs_on_cpu():
+    """The transformers continuous-batching peer completes the smoke workload (so it cannot rot between GPU runs)."""
+    args = peers.parse_args(["--peer", "hf-cb", "--arch", "tiny", "--workload", "smoke", "--device", "cpu"])
+    record = peers.run_one(args)
+    assert record["status"] == "ok", record.get("error")
+    assert record["output_tokens"] == workloads.smoke().output_tokens

@@ -1,7 +1,9 @@
-"""Repo-wide pytest setup: Hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev|thorough), and the
-Triton interpreter on machines without a GPU (set before any kernel module defines its @triton.jit)."""
+"""Repo-wide pytest setup: Hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev|thorough), the
+Triton interpreter on machines without a GPU (set before any kernel module defines its @triton.jit), and the
+conformance plugin for a checkout that is not pip-installed."""
 
 import os
+import sys
 
 import torch
 
@@ -23,3 +25,9 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# The conformance options and summary (nanovllm_ref/oracle/pytest_plugin.py). A pip-installed nanovllm_ref has
+# pytest load it through the `pytest11` entry point before any conftest (or `-p` imports it): registering the
+# same module a second time would fail, so only a plain checkout registers it here.
+PLUGIN = "nanovllm_ref.oracle.pytest_plugin"
+pytest_plugins = [] if PLUGIN in sys.modules else [PLUGIN]

@@ -48,6 +48,14 @@ def golden(session: nox.Session) -> None:
 
 
 @nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (tools/mutants.py): realistic bugs planted one at a time in a copy of the tree; each
+    must make its targeted tests fail. Prints a markdown table; fails if a mutant survives. `-- --only NAME`."""
+    _install(session)
+    session.run("python", "-m", "tools.mutants", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")

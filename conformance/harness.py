@@ -36,7 +36,7 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
     from golden.load import CHECKPOINTS_DIR, checkpoint_path, list_checkpoints
 
     raw = config.getoption("--model")
-    raw = [raw] if isinstance(raw, str) else list(raw or [])  # a str when another conftest owns --model
+    raw = [raw] if isinstance(raw, str) else list(raw or [])  # a str if a plugin loaded earlier owns --model
     names = [m.strip() for opt in raw for m in opt.split(",") if m.strip()]
     if not names:
         return [ModelSpec(n, checkpoint_path(n), True) for n in list_checkpoints()]

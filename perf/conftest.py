@@ -13,9 +13,9 @@ Without pytest-benchmark installed, a minimal `benchmark` fixture runs the same 
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,19 +32,14 @@ DEFAULT_STORAGE = "file://./.benchmarks"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nanovllm_ref perf")
-    # conformance/conftest.py defines --model (append-style) unguarded: when it is loaded after this file
-    # (`pytest perf conformance`) a second definition would make it fail, so leave --model to it then.
-    shared_model = any("conformance" in arg for arg in sys.argv[1:])
     for name, kwargs in (
         ("--arch", dict(default="qwen3-0.6b", help="model architecture of the perf benchmarks (perf/models.py)")),
         ("--model", dict(default=None, help="a real checkpoint folder for the perf benchmarks (overrides --arch)")),
         ("--perf-smoke", dict(action="store_true", help="also run the CPU smoke variants when a GPU is present")),
     ):
-        if name == "--model" and shared_model:
-            continue
         try:
             group.addoption(name, **kwargs)
-        except ValueError:  # already defined by another conftest (e.g. conformance's --model)
+        except (ValueError, argparse.ArgumentError):  # --model: the conformance plugin defines it first
             pass
 
 

@@ -15,12 +15,15 @@ N = 20_000
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 
 
-def draw(logits: torch.Tensor, temperature=1.0, top_k=-1, top_p=1.0) -> torch.Tensor:
+def draw(logits: torch.Tensor, temperature=1.0, top_k=-1, top_p=1.0, seeds=None, counters=None) -> torch.Tensor:
+    """Token frequencies of N draws: by default N seeds at one position (counter 5)."""
     n = N
     batch = SamplingBatch(
         temperature=torch.full((n,), temperature), top_k=torch.full((n,), top_k, dtype=torch.int64),
-        top_p=torch.full((n,), top_p), seeds=torch.arange(n, dtype=torch.int64) * 7919 + 1,
-        counters=torch.full((n,), 5, dtype=torch.int64), needs_filter=top_k > 0 or top_p < 1,
+        top_p=torch.full((n,), top_p),
+        seeds=torch.arange(n, dtype=torch.int64) * 7919 + 1 if seeds is None else seeds,
+        counters=torch.full((n,), 5, dtype=torch.int64) if counters is None else counters,
+        needs_filter=top_k > 0 or top_p < 1,
     )
     tokens = sample(logits.expand(n, -1).clone(), batch)
     return torch.bincount(tokens, minlength=logits.numel()).float() / n
@@ -64,6 +67,13 @@ def test_counter_uniform_is_uniform_and_deterministic():
     assert torch.equal(u, counter_uniform(torch.tensor([1, 2]), torch.tensor([0, 0]), 100_000))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert not torch.equal(u[0], u[1])
+
+
+def test_one_seed_draws_fresh_noise_at_every_position():
+    """One seeded request over N positions: the noise must depend on the position, so the tokens follow the
+    distribution instead of repeating one draw."""
+    freq = draw(LOGITS, seeds=torch.full((N,), 1234, dtype=torch.int64), counters=torch.arange(N, dtype=torch.int64))
+    assert_close_to(freq, LOGITS.softmax(-1))
 
 
 def test_greedy_is_argmax():

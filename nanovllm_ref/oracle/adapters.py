@@ -5,8 +5,9 @@ tokens, the top-k logprobs of every step and (optionally) the prompt logprobs, a
 Logprobs must be those of the raw model distribution (log-softmax of the float32 logits), as vLLM and
 SGLang return them by default.
 
-Built-ins: ``nanovllm_ref`` (:class:`NanovllmRefAdapter`) and ``hf`` (:class:`HFAdapter`, transformers with
-eager attention, one prompt at a time: the same arithmetic as the goldens, and the live reference).
+Built-ins: ``nanovllm_ref`` (:class:`NanovllmRefAdapter`), ``hf`` (:class:`HFAdapter`, transformers with
+eager attention, one prompt at a time: the same arithmetic as the goldens, and the live reference), ``vllm``
+and ``sglang`` (their offline engines, external_adapters.py) and ``openai:URL`` (openai_adapter.py).
 Third-party engines plug in as ``"pkg.module:factory"``, a callable taking ``(model_path, dtype)`` and
 returning an :class:`EngineAdapter`; or add a name to :data:`ADAPTERS`.
 """
@@ -24,9 +25,8 @@ from .compare import EngineOutput
 ADAPTERS: dict[str, str] = {
     "nanovllm_ref": "nanovllm_ref.oracle.adapters:NanovllmRefAdapter",
     "hf": "nanovllm_ref.oracle.adapters:HFAdapter",
-    # Planned (not written yet), e.g.:
-    # "vllm": "nanovllm_ref.oracle.vllm_adapter:VLLMAdapter",
-    # "sglang": "nanovllm_ref.oracle.sglang_adapter:SGLangAdapter",
+    "vllm": "nanovllm_ref.oracle.external_adapters:VLLMAdapter",  # needs `pip install vllm`
+    "sglang": "nanovllm_ref.oracle.external_adapters:SGLangAdapter",  # needs `pip install sglang`
     # "openai:<base url>" (any OpenAI-compatible server) is resolved by load_adapter
 }
 

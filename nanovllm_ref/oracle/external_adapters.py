@@ -1,0 +1,148 @@
+"""Built-in adapters for vLLM (``--engine vllm``) and SGLang (``--engine sglang``), offline engines in-process.
+
+Both run greedy decoding (temperature 0, EOS ignored) on token-id prompts and return the top-N logprobs of
+every generated step and of every prompt position, in the structure of :class:`EngineOutput`:
+
+- vLLM: ``LLM(model, dtype).generate([TokensPrompt(prompt_token_ids=...)], SamplingParams(temperature=0,
+  max_tokens, ignore_eos=True, logprobs=N, prompt_logprobs=N))``; a ``RequestOutput`` holds
+  ``outputs[0].token_ids``, ``outputs[0].logprobs`` (one ``{token_id: Logprob}`` per step, the top-N plus the
+  sampled token) and ``prompt_logprobs`` (``None`` at position 0, then top-N plus the actual prompt token).
+  vLLM computes them from the raw logits by default, as the goldens do.
+- SGLang: ``Engine(model_path, dtype).generate(input_ids=[...], sampling_params={"temperature": 0,
+  "max_new_tokens", "ignore_eos": True}, return_logprob=True, top_logprobs_num=N, logprob_start_len=0)``;
+  ``meta_info`` holds ``output_token_logprobs`` / ``input_token_logprobs`` as ``(logprob, token_id, text)``
+  and ``output_top_logprobs`` / ``input_top_logprobs`` as lists of those per position (``None`` first).
+
+The conversion functions take plain objects of those shapes, so they are tested without the engines.
+Neither package is a dependency: the adapter raises an ImportError saying what to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .compare import EngineOutput
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _require(module: str, engine: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"--engine {engine} needs the {engine!r} package ({e}); pip install {engine}") from e
+
+
+def _logprob(value: Any) -> float:
+    """A vLLM ``Logprob`` (``.logprob``), a ``{"logprob": x}`` dict, or a number."""
+    if isinstance(value, Mapping):
+        return float(value["logprob"])
+    return float(getattr(value, "logprob", value))
+
+
+def _step_dict(entry: Mapping[int, Any] | None) -> dict[int, float] | None:
+    return None if entry is None else {int(t): _logprob(v) for t, v in entry.items()}
+
+
+def vllm_output_to_engine_output(request_output: Any) -> EngineOutput:
+    """One vLLM ``RequestOutput`` (or any object of its shape) as an :class:`EngineOutput`."""
+    completion = request_output.outputs[0]
+    if completion.logprobs is None:
+        raise ValueError(f"vLLM request {getattr(request_output, 'request_id', '?')} has no logprobs: "
+                         "SamplingParams(logprobs=N) is required")
+    topk = [_step_dict(step) for step in completion.logprobs]
+    if any(step is None for step in topk):
+        raise ValueError("vLLM returned a generated step without logprobs")
+    prompt = request_output.prompt_logprobs
+    prompt_lps = None if prompt is None else [_step_dict(p) for p in prompt]
+    cached = getattr(request_output, "num_cached_tokens", None)
+    return EngineOutput(list(completion.token_ids), topk, prompt_lps, cached)
+
+
+def _sglang_positions(top: Iterable[Sequence | None] | None) -> list[dict[int, float] | None]:
+    return [None if not pos else {int(e[1]): float(e[0]) for e in pos if e[0] is not None} for pos in top or []]
+
+
+def sglang_output_to_engine_output(result: Mapping[str, Any], prompt_logprobs: bool = True) -> EngineOutput:
+    """One SGLang ``Engine.generate`` result (``{"meta_info": {...}, ...}``) as an :class:`EngineOutput`.
+
+    The actual token of every step / prompt position is added to that position's top-N dict (vLLM's format,
+    which the comparison expects); prompt position 0 is ``None``."""
+    meta = result["meta_info"]
+    if "output_token_logprobs" not in meta or "output_top_logprobs" not in meta:
+        raise ValueError("SGLang returned no logprobs: return_logprob=True and top_logprobs_num=N are required")
+    tokens = [int(e[1]) for e in meta["output_token_logprobs"]]
+    topk = _sglang_positions(meta["output_top_logprobs"])
+    for step, (lp, tok, *_) in zip(topk, meta["output_token_logprobs"]):
+        if step is None:
+            raise ValueError("SGLang returned a generated step without top logprobs")
+        step[int(tok)] = float(lp)
+    prompt_lps = None
+    if prompt_logprobs:
+        chosen = meta.get("input_token_logprobs")
+        top = meta.get("input_top_logprobs")
+        if chosen is None or top is None:
+            raise ValueError("SGLang returned no prompt logprobs: logprob_start_len=0 is required")
+        prompt_lps = _sglang_positions(top)
+        if len(prompt_lps) != len(chosen):
+            raise ValueError(f"SGLang returned {len(chosen)} prompt token logprobs but {len(prompt_lps)} top lists")
+        for i, (lp, tok, *_) in enumerate(chosen):
+            if i == 0:
+                prompt_lps[0] = None  # nothing predicts the first prompt token
+            elif lp is not None:
+                prompt_lps[i] = {**(prompt_lps[i] or {}), int(tok): float(lp)}
+    cached = meta.get("cached_tokens")
+    return EngineOutput(tokens, topk, prompt_lps, int(cached) if cached is not None else None)
+
+
+class VLLMAdapter:
+    """vLLM's offline ``LLM``; ``engine_kwargs`` go to it (tensor_parallel_size, gpu_memory_utilization...)."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
+        vllm = _require("vllm", "vllm")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r}: use one of {_DTYPES}")
+        self.llm = vllm.LLM(model=model_path, dtype=dtype, **engine_kwargs)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,
+                 prompt_logprobs: bool) -> list[EngineOutput]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=top_k,
+                                prompt_logprobs=top_k if prompt_logprobs else None)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        return [vllm_output_to_engine_output(o) for o in outs]
+
+    def close(self) -> None:
+        self.llm = None
+
+
+class SGLangAdapter:
+    """SGLang's offline ``Engine``; ``engine_kwargs`` go to it (tp_size, mem_fraction_static...)."""
+
+    name = "sglang"
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
+        sgl = _require("sglang", "sglang")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r}: use one of {_DTYPES}")
+        self.engine = sgl.Engine(model_path=model_path, dtype=dtype, **engine_kwargs)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,
+                 prompt_logprobs: bool) -> list[EngineOutput]:
+        params = {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
+        results = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params,
+                                       return_logprob=True, top_logprobs_num=top_k,
+                                       logprob_start_len=0 if prompt_logprobs else -1)
+        return [sglang_output_to_engine_output(r, prompt_logprobs) for r in results]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        self.engine = None

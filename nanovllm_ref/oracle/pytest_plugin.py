@@ -1,0 +1,94 @@
+"""pytest plugin of the conformance suite, registered through the ``pytest11`` entry point ``nanovllm_ref``.
+
+It holds what must exist before pytest collects anything, whichever directory it starts from: the
+conformance options (``--engine``, ``--model``, ``--reference``, ``--dtype``, ``--tp``, ``--report``, ``--tol``,
+``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of recorded reports and the
+end-of-run summary with the JSON report. The suite's fixtures stay in ``conformance/conftest.py``.
+
+So in another project, after ``pip install nanovllm_ref``::
+
+    pytest --pyargs conformance --engine yourpkg.module:factory --model qwen3-tiny --dtype float32
+
+Inside this repository the root ``conftest.py`` loads this module when the entry point did not (a checkout
+that is not pip-installed); it is never registered twice. Another plugin or conftest that defines one of these
+option names itself must be loaded before this one, or run pytest with ``-p no:nanovllm_ref``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPORTS = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("conformance", "nanovllm_ref conformance suite (pytest --pyargs conformance)")
+    options = (
+        ("--engine", dict(default="nanovllm_ref",
+                          help="engine under test: nanovllm_ref, hf, vllm, sglang, openai:URL or pkg.module:factory "
+                               "(default nanovllm_ref)")),
+        ("--model", dict(action="append", default=[],
+                         help="golden checkpoint name or checkpoint folder; repeatable or comma-separated "
+                              "(default: every golden checkpoint; perf's benchmarks read the last one)")),
+        ("--reference", dict(choices=("golden", "live"), default="golden",
+                             help="compare with the stored goldens, or with transformers computed now")),
+        ("--dtype", dict(default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")),
+        ("--tp", dict(type=int, default=1, help="tensor_parallel_size for the nanovllm_ref engine")),
+        ("--report", dict(default="conformance-report.json", help="where to write the JSON report")),
+        ("--tol", dict(type=float, default=None, help="override the generated-step logprob tolerance")),
+        ("--prompt-tol", dict(type=float, default=None, help="override the prompt logprob tolerance")),
+        ("--torch-threads", dict(type=int, default=1,
+                                 help="torch CPU threads while conformance tests run (default 1: the tiny models "
+                                      "gain nothing from more, and on a loaded machine multi-threaded torch is "
+                                      "very slow); 0 leaves torch's default")),
+    )
+    for name, kwargs in options:
+        g.addoption(name, **kwargs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[REPORTS] = []
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
+    config.addinivalue_line("markers", "slow: long-running")
+
+
+def record_report(config: pytest.Config, report: Any) -> None:
+    """Add a ConformanceReport to the end-of-run summary and the JSON report."""
+    config.stash[REPORTS].append(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    reports = config.stash.get(REPORTS, [])
+    if not reports:
+        return
+    import pandas as pd
+
+    from .compare import ConformanceReport
+
+    merged = ConformanceReport(meta={
+        "engine": config.getoption("--engine"), "reference": config.getoption("--reference"),
+        "tp": config.getoption("--tp"), "cases": [r.meta for r in reports],
+    })
+    for r in reports:
+        merged.extend(r)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 110, "display.max_rows", 500,
+                           "display.float_format", "{:.3g}".format):
+        terminalreporter.section("conformance summary")
+        terminalreporter.write_line(merged.summary_table("model").to_string(index=False))
+        table = merged.summary_table("prompt")
+        if config.getoption("verbose") <= 0:
+            table = table[table["status"] != "match"]
+            title = "prompts that did not match exactly (-v shows all)"
+        else:
+            title = "all prompts"
+        if len(table):
+            terminalreporter.write_line(f"\n{title}:")
+            terminalreporter.write_line(table.to_string(index=False))
+    path = Path(config.getoption("--report"))
+    path.write_text(merged.to_json() + "\n")
+    verdict = "all passed" if merged.passed else f"{len(merged.failures())} prompts FAILED"
+    terminalreporter.write_line(f"\nconformance report: {len(reports)} comparisons recorded, {verdict} "
+                                f"(tests that errored before comparing are not in it): {path}")

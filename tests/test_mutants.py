@@ -1,0 +1,53 @@
+"""tools/mutants.py, the mutation-testing runner: one real mutant is caught, an equivalent rewrite survives,
+every mutant's snippet matches the current source, and a snippet that does not match stops the run."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tools.mutants import IGNORE, MUTANTS, ROOT, check_snippets, find, run_mutant, table
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mutants") / "repo"
+    shutil.copytree(ROOT, root, ignore=IGNORE)
+    return root
+
+
+def test_every_snippet_matches_the_source_once() -> None:
+    check_snippets(ROOT, list(MUTANTS))
+    assert len(MUTANTS) >= 12 and len({m.name for m in MUTANTS}) == len(MUTANTS)
+
+
+def test_a_mutant_is_caught_and_the_file_restored(tree: Path) -> None:
+    (mutant,) = find(MUTANTS, ["top-k-off-by-one"])
+    before = (tree / mutant.file).read_text()
+    result = run_mutant(tree, mutant)
+    assert result.caught, result
+    assert any("test_top_k_restricts_support_and_renormalizes" in b for b in result.by), result.by
+    assert (tree / mutant.file).read_text() == before
+    assert "| top-k-off-by-one |" in table([result]) and "| yes |" in table([result])
+
+
+def test_an_equivalent_rewrite_survives(tree: Path) -> None:
+    """The runner must not report everything as caught: the same comparison written the other way round."""
+    (mutant,) = find(MUTANTS, ["top-k-off-by-one"])
+    result = run_mutant(tree, replace(mutant, name="equivalent", new="drop = k <= rank"))
+    assert not result.caught and result.by == [], result
+    assert "**NO**" in table([result])
+
+
+def test_an_unknown_snippet_raises_before_running(tree: Path) -> None:
+    (mutant,) = find(MUTANTS, ["top-k-off-by-one"])
+    stale = replace(mutant, old="drop = rank >= k_renamed")
+    before = (tree / mutant.file).read_text()
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        run_mutant(tree, stale)
+    assert (tree / mutant.file).read_text() == before
+    with pytest.raises(SystemExit, match="no mutant matches"):
+        find(MUTANTS, ["no-such-mutant"])

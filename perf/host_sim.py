@@ -34,6 +34,7 @@ class HostSim:
     vocab: int = 151936
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     token_pool: list[int] = field(default_factory=list)
+    pool_pos: int = 0
     steps: int = 0
     finished: int = 0
     stage_s: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "prepare": 0.0, "update": 0.0})
@@ -73,12 +74,16 @@ class HostSim:
         self.steps += 1
         return len(out.scheduled)
 
+    def __post_init__(self) -> None:
+        self.token_pool = [self.rng.randrange(self.vocab) for _ in range(1 << 16)]
+
     def _fake_tokens(self, n: int) -> list[int]:
-        """The fake model's next tokens: random, drawn ahead of time so the draws are not timed as host work."""
-        if len(self.token_pool) < n:
-            self.token_pool = [self.rng.randrange(self.vocab) for _ in range(max(n, 1 << 16))]
-        tokens, self.token_pool = self.token_pool[-n:], self.token_pool[:-n] if n else self.token_pool
-        return tokens
+        """The fake model's next tokens: a fixed random pool drawn once and reused cyclically, so that drawing
+        them is not timed as host work."""
+        if self.pool_pos + n > len(self.token_pool):
+            self.pool_pos = 0
+        self.pool_pos += n
+        return self.token_pool[self.pool_pos - n : self.pool_pos]
 
     def run_until_decode(self) -> None:
         """Step until every request is admitted and past its prefill (each step is then a pure decode)."""

@@ -53,6 +53,8 @@ class StepInput:
 
 
 def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
+    if out.decode_batch is not None:  # a steady decode step: the same fields, from the batch's arrays
+        return StepInput(**out.decode_batch.step_columns())
     step = StepInput()
     input_ids, positions, slots, seq_lens = step.input_ids, step.positions, step.slot_mapping, step.seq_lens
     query_start_loc, block_tables, logits_indices = step.query_start_loc, step.block_tables, step.logits_indices

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from .block_manager import BlockManager
+from .decode_batch import DecodeBatch
 from .sequence import Sequence, SequenceStatus
 
 
@@ -20,6 +22,7 @@ from .sequence import Sequence, SequenceStatus
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
+    decode_batch: DecodeBatch | None = None  # set when this is a steady decode step taken through the batch
 
     @property
     def num_batched_tokens(self) -> int:
@@ -47,6 +50,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._decode_batch: DecodeBatch | None = None  # valid while it tracks `running` (see decode_batch.py)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise ValueError if a request of this size could never run, whatever else is going on."""
@@ -74,6 +78,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        fast = self._schedule_decodes()
+        if fast is not None:
+            return fast
+        self._decode_batch = None  # a general step changes what the batch mirrors
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
@@ -90,6 +98,28 @@ class Scheduler:
             out.scheduled.append((seq, num_new))
             budget -= num_new
         return out
+
+    def _schedule_decodes(self) -> SchedulerOutput | None:
+        """The steady decode step through the DecodeBatch; None when the general path must decide (an admission
+        may happen, the budget is short, a prefill is under way, or a block cannot be had without preemption)."""
+        running = self.running
+        if not running or (self.waiting and len(running) < self.max_num_seqs):
+            return None
+        if len(running) > self.max_num_batched_tokens:
+            return None
+        batch = self._decode_batch
+        if batch is None:
+            batch = DecodeBatch(running, self.block_manager.block_size)
+            if not batch.all_decoding:
+                return None
+            self._decode_batch = batch
+        rows = batch.rows_needing_a_block()
+        if rows:
+            if not self.block_manager.append_one_block_each([batch.seqs[r] for r in rows]):
+                return None  # not enough free blocks for all of them: the general path preempts
+            batch.blocks_granted(rows)
+        batch.refresh_current_blocks()
+        return SchedulerOutput(scheduled=list(zip(running, repeat(1))), decode_batch=batch)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
@@ -118,6 +148,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        self._decode_batch = None
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -126,6 +157,12 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> next token. Returns the finished ones."""
+        batch = out.decode_batch
+        if batch is not None and batch is self._decode_batch:
+            tokens = list(map(sampled.get, batch.sampling[0]))
+            if None not in tokens:
+                return self._update_decodes(batch, tokens)
+        self._decode_batch = None
         finished = []
         cache_full_blocks, bs = self.block_manager.cache_full_blocks, self.block_manager.block_size
         finished_status, get_token = SequenceStatus.FINISHED, sampled.get
@@ -149,10 +186,22 @@ class Scheduler:
             finished.append(seq)
         return finished
 
+    def _update_decodes(self, batch: DecodeBatch, tokens: list[int]) -> list[Sequence]:
+        full_rows, finished_rows = batch.advance(tokens)
+        for row in full_rows:
+            self.block_manager.cache_full_blocks(batch.seqs[row])
+        finished = [batch.seqs[row] for row, _ in finished_rows]
+        for seq, (_, reason) in zip(finished, finished_rows):
+            self.finish(seq, reason)
+        batch.remove_rows([row for row, _ in finished_rows])
+        self._decode_batch = batch  # finish() dropped it; without the finished rows it mirrors `running` again
+        return finished
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
         if seq.status is SequenceStatus.FINISHED:
             return
+        self._decode_batch = None
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:

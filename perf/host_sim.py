@@ -35,6 +35,7 @@ class HostSim:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     token_pool: list[int] = field(default_factory=list)
     pool_pos: int = 0
+    last_host_s: float = 0.0
     steps: int = 0
     finished: int = 0
     stage_s: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "prepare": 0.0, "update": 0.0})
@@ -64,13 +65,15 @@ class HostSim:
             for _ in range(3):
                 prepare_step(out, BLOCK_SIZE)
         t2 = time.perf_counter()
-        sampled = dict(zip(step.sample_seq_ids, self._fake_tokens(len(step.sample_seq_ids))))
+        sampled = dict(zip(step.sample_seq_ids, self._fake_tokens(len(step.sample_seq_ids))))  # the model's output
+        t3 = time.perf_counter()
         self.finished += len(self.scheduler.update(out, sampled))
         if timed:
-            t3 = time.perf_counter()
+            t4 = time.perf_counter()
             self.stage_s["schedule"] += t1 - t0
             self.stage_s["prepare"] += t2 - t1
-            self.stage_s["update"] += t3 - t2
+            self.stage_s["update"] += t4 - t3
+            self.last_host_s = (t2 - t0) + (t4 - t3)  # scheduler + block manager + input preparation, no model
         self.steps += 1
         return len(out.scheduled)
 

@@ -8,7 +8,7 @@ queue hands them out again, least-recently-freed first; handing a block out drop
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections import OrderedDict
 
 import xxhash
@@ -17,7 +17,7 @@ from .sequence import Sequence
 
 
 def hash_block(parent_hash: int, token_ids: list[int]) -> int:
-    return xxhash.xxh3_64_intdigest(array("q", token_ids).tobytes(), seed=parent_hash)
+    return xxhash.xxh3_64_intdigest(struct.pack(f"{len(token_ids)}q", *token_ids), seed=parent_hash)
 
 
 class Block:

@@ -35,7 +35,7 @@ class DecodeBatch:
             return
         self.capacity = np.fromiter(map(len, map(_block_table, seqs)), np.int64, n) * block_size
         self.max_num_tokens = np.fromiter(map(attrgetter("max_num_tokens"), seqs), np.int64, n)
-        self.last_token = np.fromiter(map(itemgetter(-1), map(_token_ids, seqs)), np.int64, n)
+        self.last_token = list(map(itemgetter(-1), map(_token_ids, seqs)))  # the next step's input ids
         self.cur_block = np.full(n, -1, np.int64)  # the block each row's next token goes to (-1: not yet known)
         self.stop_rows = [r for r, seq in enumerate(seqs) if seq.stop_ids]
         # (seq_id, temperature, top_k, top_p, seed, num_logprobs) columns, as StepInput wants them
@@ -62,7 +62,7 @@ class DecodeBatch:
         seq_lens = (self.positions + 1).tolist()
         seq_ids, temperature, top_k, top_p, seeds, num_logprobs = (list(c) for c in self.sampling)
         return dict(
-            input_ids=self.last_token.tolist(), positions=self.positions.tolist(),
+            input_ids=list(self.last_token), positions=self.positions.tolist(),
             slot_mapping=(self.cur_block * bs + self.positions % bs).tolist(), query_start_loc=list(range(n + 1)),
             seq_lens=seq_lens, block_tables=list(map(_block_table, self.seqs)), logits_indices=list(range(n)),
             sample_seq_ids=seq_ids, sample_rows=list(range(n)), temperature=temperature, top_k=top_k, top_p=top_p,
@@ -76,7 +76,7 @@ class DecodeBatch:
         any(map(list.append, map(_token_ids, seqs), tokens))
         self.positions += 1
         any(map(setattr, seqs, repeat("num_computed_tokens"), self.positions.tolist()))
-        self.last_token = np.array(tokens, dtype=np.int64)
+        self.last_token = tokens
         full_rows = np.flatnonzero(self.positions % self.block_size == 0).tolist()
         stopped = {r for r in self.stop_rows if tokens[r] in seqs[r].stop_ids}
         too_long = np.flatnonzero(self.positions + 1 >= self.max_num_tokens).tolist()
@@ -90,8 +90,10 @@ class DecodeBatch:
         keep = np.ones(len(self.seqs), dtype=bool)
         keep[rows] = False
         self.seqs = [s for s, k in zip(self.seqs, keep.tolist()) if k]
-        for name in ("positions", "capacity", "max_num_tokens", "last_token", "cur_block"):
+        for name in ("positions", "capacity", "max_num_tokens", "cur_block"):
             setattr(self, name, getattr(self, name)[keep])
-        self.sampling = [[v for v, k in zip(col, keep.tolist()) if k] for col in self.sampling]
+        kept = keep.tolist()
+        self.last_token = [t for t, k in zip(self.last_token, kept) if k]
+        self.sampling = [[v for v, k in zip(col, kept) if k] for col in self.sampling]
         new_row = (np.cumsum(keep) - 1).tolist()
         self.stop_rows = [new_row[r] for r in self.stop_rows if keep[r]]

@@ -33,7 +33,9 @@ class DecodeBatch:
         self.all_decoding = bool(n) and bool((lengths == self.positions + 1).all())
         if not self.all_decoding:
             return
-        self.capacity = np.fromiter(map(len, map(_block_table, seqs)), np.int64, n) * block_size
+        # the lists themselves (a running sequence's token and block lists are only ever appended to)
+        self.token_lists, self.tables = list(map(_token_ids, seqs)), list(map(_block_table, seqs))
+        self.capacity = np.fromiter(map(len, self.tables), np.int64, n) * block_size
         self.max_num_tokens = np.fromiter(map(attrgetter("max_num_tokens"), seqs), np.int64, n)
         self.last_token = list(map(itemgetter(-1), map(_token_ids, seqs)))  # the next step's input ids
         self.cur_block = np.full(n, -1, np.int64)  # the block each row's next token goes to (-1: not yet known)
@@ -52,9 +54,11 @@ class DecodeBatch:
 
     def refresh_current_blocks(self) -> None:
         """Look up the block of rows that start a new block (or were never looked up), after allocation."""
-        bs = self.block_size
-        for r in np.flatnonzero((self.positions % bs == 0) | (self.cur_block < 0)).tolist():
-            self.cur_block[r] = self.seqs[r].block_table[int(self.positions[r]) // bs]
+        bs, tables = self.block_size, self.tables
+        rows = np.flatnonzero((self.positions % bs == 0) | (self.cur_block < 0))
+        if len(rows):
+            index = (self.positions[rows] // bs).tolist()
+            self.cur_block[rows] = [tables[r][i] for r, i in zip(rows.tolist(), index)]
 
     def step_columns(self) -> dict[str, list]:
         """StepInput fields of this decode step (row i = self.seqs[i], its last token, one logits row each)."""
@@ -64,7 +68,7 @@ class DecodeBatch:
         return dict(
             input_ids=list(self.last_token), positions=self.positions.tolist(),
             slot_mapping=(self.cur_block * bs + self.positions % bs).tolist(), query_start_loc=list(range(n + 1)),
-            seq_lens=seq_lens, block_tables=list(map(_block_table, self.seqs)), logits_indices=list(range(n)),
+            seq_lens=seq_lens, block_tables=list(self.tables), logits_indices=list(range(n)),
             sample_seq_ids=seq_ids, sample_rows=list(range(n)), temperature=temperature, top_k=top_k, top_p=top_p,
             seeds=seeds, counters=list(seq_lens), num_logprobs=num_logprobs,
         )
@@ -73,7 +77,7 @@ class DecodeBatch:
         """Append each row's sampled token; returns (rows whose last block became full, [(row, finish reason)])."""
         seqs = self.seqs
         # any(map(...)) runs each call in a C loop (they all return None): the per-sequence writes, ~50 ns each
-        any(map(list.append, map(_token_ids, seqs), tokens))
+        any(map(list.append, self.token_lists, tokens))
         self.positions += 1
         any(map(setattr, seqs, repeat("num_computed_tokens"), self.positions.tolist()))
         self.last_token = tokens
@@ -94,6 +98,8 @@ class DecodeBatch:
             setattr(self, name, getattr(self, name)[keep])
         kept = keep.tolist()
         self.last_token = [t for t, k in zip(self.last_token, kept) if k]
+        self.token_lists = [t for t, k in zip(self.token_lists, kept) if k]
+        self.tables = [t for t, k in zip(self.tables, kept) if k]
         self.sampling = [[v for v, k in zip(col, kept) if k] for col in self.sampling]
         new_row = (np.cumsum(keep) - 1).tolist()
         self.stop_rows = [new_row[r] for r in self.stop_rows if keep[r]]

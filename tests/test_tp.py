@@ -77,3 +77,29 @@ def test_killed_worker_is_reported_within_30s_and_nothing_is_left(victim):
     assert time.monotonic() - start < 30
     llm.shutdown()
     assert not worker.is_alive() and not multiprocessing.active_children()
+
+
+class _Alive:
+    exitcode = None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def test_a_peer_reply_seen_early_is_kept_for_its_turn():
+    """Rank 1 answers before rank 0: waiting for rank 0 must not drop rank 1's reply (it used to be read and
+    thrown away, and the engine then waited for rank 1 until the startup timeout: an intermittent CI hang)."""
+    import threading
+
+    from nanovllm_ref.engine.workers import TPExecutor
+
+    executor = TPExecutor.__new__(TPExecutor)  # no processes: pipes stand in for the workers
+    pipes = [multiprocessing.Pipe() for _ in range(2)]
+    executor.conns, executor.procs, executor._stash, executor._closed = [p for p, _ in pipes], [_Alive()] * 2, {}, True
+    pipes[1][1].send(("ready", 11))
+    threading.Timer(0.5, pipes[0][1].send, args=(("ready", 10),)).start()
+    assert [executor._receive(rank, 10) for rank in range(2)] == [10, 11]
+    pipes[1][1].send(("error", "boom"))
+    threading.Timer(0.5, pipes[0][1].send, args=(("output", 0),)).start()
+    with pytest.raises(RuntimeError, match="rank 1 failed: boom"):
+        executor._receive(0, 10)

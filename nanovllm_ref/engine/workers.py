@@ -91,33 +91,40 @@ class TPExecutor:
             self.conns.append(parent)
             self.procs.append(proc)
         self._closed = False
+        self._stash: dict[int, tuple[str, Any]] = {}  # a message read from a rank before its turn
         atexit.register(self.shutdown)
         replies = [self._receive(rank, STARTUP_TIMEOUT_S) for rank in range(tp)]
         self.num_kvcache_blocks = replies[0]
 
     def _receive(self, rank: int, timeout_s: float) -> Any:
-        """Rank `rank`'s next reply; raises RuntimeError naming the rank if any worker fails or dies first."""
+        """Rank `rank`'s next reply; raises RuntimeError naming the rank if any worker fails or dies first.
+        A peer's message seen while waiting is kept for its own turn (e.g. rank 1 ready before rank 0)."""
         deadline = time.monotonic() + timeout_s
-        while not self.conns[rank].poll(0.2):
+        while rank not in self._stash and not self.conns[rank].poll(0.2):
             for r, (proc, conn) in enumerate(zip(self.procs, self.conns)):
-                if r != rank and proc.is_alive() and conn.poll():  # another rank reported an error
-                    try:
-                        kind, payload = conn.recv()
-                    except (EOFError, OSError):
-                        kind, payload = "error", f"died (exit code {proc.exitcode})"
-                    if kind == "error":
-                        self._fail(f"tensor-parallel worker rank {r} failed: {payload}")
-                if not proc.is_alive():
-                    self._fail(f"tensor-parallel worker rank {r} died (exit code {proc.exitcode})")
+                if r != rank and r not in self._stash and (conn.poll() or not proc.is_alive()):
+                    self._stash[r] = self._take(r)
+                    if self._stash[r][0] in ("error", "died"):
+                        self._raise_for(r, *self._stash.pop(r))
             if time.monotonic() > deadline:
                 self._fail(f"tensor-parallel worker rank {rank} did not answer within {timeout_s:.0f} s")
+        kind, payload = self._take(rank)
+        self._raise_for(rank, kind, payload)
+        return payload
+
+    def _take(self, rank: int) -> tuple[str, Any]:
+        if rank in self._stash:
+            return self._stash.pop(rank)
         try:
-            kind, payload = self.conns[rank].recv()
-        except (EOFError, OSError):
+            return self.conns[rank].recv()
+        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
+            return "died", None
+
+    def _raise_for(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "died":
             self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
         if kind == "error":
             self._fail(f"tensor-parallel worker rank {rank} failed: {payload}")
-        return payload
 
     def _fail(self, message: str) -> None:
         """Raise `message`, led by the root cause when it is another worker's death (its peers then fail

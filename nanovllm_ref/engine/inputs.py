@@ -74,9 +74,9 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
         query_start_loc.append(first_row + num_new)
         seq_lens.append(end)
         block_tables.append(table)
-        if seq.wants_prompt_logprobs:
+        if seq.params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, first_row)
-        if end == len(seq.token_ids):  # out.samples(seq, num_new), inlined: this loop is per sequence per step
+        if out.samples(seq, num_new):
             sampling_rows.append(seq.sampling_row + (len(logits_indices), end))
             logits_indices.append(first_row + num_new - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence

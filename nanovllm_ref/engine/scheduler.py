@@ -123,14 +123,12 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
-        running, bs, scheduled = self.running, self.block_manager.block_size, out.scheduled
+        running, scheduled = self.running, out.scheduled
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            computed = seq.num_computed_tokens
-            num_new = min(len(seq.token_ids) - computed, budget)
-            # the block manager is asked only when the sequence outgrows its blocks (1 decode step in block_size)
-            if computed + num_new > len(seq.block_table) * bs and not self._make_room(seq, num_new, out):
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs
             scheduled.append((seq, num_new))
             budget -= num_new
@@ -164,27 +162,26 @@ class Scheduler:
                 return self._update_decodes(batch, tokens)
         self._decode_batch = None
         finished = []
-        cache_full_blocks, bs = self.block_manager.cache_full_blocks, self.block_manager.block_size
-        finished_status, get_token = SequenceStatus.FINISHED, sampled.get
         for seq, num_new in out.scheduled:
-            if seq.status is finished_status:  # aborted or failed while the step ran
+            if seq.status is SequenceStatus.FINISHED:  # aborted or failed while the step ran
                 continue
             seq.num_computed_tokens += num_new
-            if seq.num_computed_tokens >= (len(seq.block_hashes) + 1) * bs:  # a block became full
-                cache_full_blocks(seq)
-            token = get_token(seq.seq_id)
+            self.block_manager.cache_full_blocks(seq)
+            token = sampled.get(seq.seq_id)
             if token is None:
                 continue
-            token_ids = seq.token_ids
-            token_ids.append(token)
-            if token in seq.stop_ids:
-                self.finish(seq, "stop")
-            elif len(token_ids) >= seq.max_num_tokens:
-                self.finish(seq, "length")
-            else:
-                continue
-            finished.append(seq)
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
         return finished
+
+    @staticmethod
+    def _finish_reason(seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_ids:
+            return "stop"
+        return "length" if len(seq.token_ids) >= seq.max_num_tokens else None
 
     def _update_decodes(self, batch: DecodeBatch, tokens: list[int]) -> list[Sequence]:
         full_rows, finished_rows = batch.advance(tokens)

@@ -42,7 +42,6 @@ class Sequence:
             self.seq_id, float(params.temperature), params.top_k, float(params.top_p), seed,
             -1 if params.logprobs is None else params.logprobs,
         )
-        self.wants_prompt_logprobs = params.prompt_logprobs is not None
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None

@@ -104,8 +104,7 @@ class TPExecutor:
             for r, (proc, conn) in enumerate(zip(self.procs, self.conns)):
                 if r != rank and r not in self._stash and (conn.poll() or not proc.is_alive()):
                     self._stash[r] = self._take(r)
-                    if self._stash[r][0] in ("error", "died"):
-                        self._raise_for(r, *self._stash.pop(r))
+                    self._raise_for(r, *self._stash[r])  # an error or a death fails now; a reply waits its turn
             if time.monotonic() > deadline:
                 self._fail(f"tensor-parallel worker rank {rank} did not answer within {timeout_s:.0f} s")
         kind, payload = self._take(rank)

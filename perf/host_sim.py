@@ -35,6 +35,7 @@ class HostSim:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     token_pool: list[int] = field(default_factory=list)
     pool_pos: int = 0
+    slow: bool = False
     last_host_s: float = 0.0
     steps: int = 0
     finished: int = 0
@@ -61,13 +62,14 @@ class HostSim:
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
         step = prepare_step(out, BLOCK_SIZE)
-        if slow_host():
+        if self.slow:
             for _ in range(3):
                 prepare_step(out, BLOCK_SIZE)
         t2 = time.perf_counter()
-        sampled = dict(zip(step.sample_seq_ids, self._fake_tokens(len(step.sample_seq_ids))))  # the model's output
+        tokens = self._fake_tokens(len(step.sample_seq_ids))  # the model's output, as the runner gives it
+        sampled = dict(zip(step.sample_seq_ids, tokens))
         t3 = time.perf_counter()
-        self.finished += len(self.scheduler.update(out, sampled))
+        self.finished += len(self.scheduler.update(out, sampled, tokens))
         if timed:
             t4 = time.perf_counter()
             self.stage_s["schedule"] += t1 - t0
@@ -78,6 +80,7 @@ class HostSim:
         return len(out.scheduled)
 
     def __post_init__(self) -> None:
+        self.slow = slow_host()
         self.token_pool = [self.rng.randrange(self.vocab) for _ in range(1 << 16)]
 
     def _fake_tokens(self, n: int) -> list[int]:

@@ -76,10 +76,14 @@ class DecodeGraphs:
         for row, values in enumerate((step.input_ids, step.positions, step.slot_mapping, step.seq_lens)):
             vec[row, :n] = values
         vec[2, n:bs], vec[3, n:bs] = -1, 0
-        width = max(len(t) for t in step.block_tables)
         tables = self.host_tables.numpy()
-        for i, table in enumerate(step.block_tables):
-            tables[i, : len(table)] = table
+        if step.block_table_array is not None:
+            width = step.block_table_array.shape[1]
+            tables[:n, :width] = step.block_table_array
+        else:
+            width = max(len(t) for t in step.block_tables)
+            for i, table in enumerate(step.block_tables):
+                tables[i, : len(table)] = table
         self.input_ids[:bs].copy_(self.host_vectors[0, :bs], non_blocking=True)
         self.positions[:bs].copy_(self.host_vectors[1, :bs], non_blocking=True)
         self.slot_mapping[:bs].copy_(self.host_vectors[2, :bs], non_blocking=True)

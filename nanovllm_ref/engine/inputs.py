@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 
@@ -32,6 +34,8 @@ class StepInput:
     num_logprobs: list[int] = field(default_factory=list)  # -1: none
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
+    # block_tables as a zero-padded (num_seqs, max blocks) int32 array, when the scheduler has it (decode steps)
+    block_table_array: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

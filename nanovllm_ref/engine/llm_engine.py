@@ -195,7 +195,7 @@ class LLMEngine:
             self._by_seq_id[seq_id].prompt_logprobs.extend(dicts)
         for seq_id, entry in result.logprobs.items():
             self._by_seq_id[seq_id].logprobs.append(entry)
-        done += self.scheduler.update(out, result.sampled)
+        done += self.scheduler.update(out, result.sampled, result.tokens)
         return [self._pop_output(seq) for seq in done]
 
     def _pop_output(self, seq: Sequence) -> RequestOutput:

@@ -24,6 +24,7 @@ from .inputs import StepInput, dummy_prefill_step
 @dataclass
 class StepOutput:
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token
+    tokens: list[int] | None = None  # the same tokens in StepInput.sample_seq_ids order, when every row sampled
     logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
@@ -209,6 +210,9 @@ class ModelRunner:
         finite = torch.isfinite(sample_logits).all(dim=-1)
         tokens_list, finite_list = torch.stack([tokens, finite.long()]).tolist()
         k_max = max(step.num_logprobs)
+        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
+            out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list
+            return out
         if k_max >= 0:
             chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max)
             chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from .block_manager import BlockManager
 from .decode_batch import DecodeBatch
@@ -113,13 +112,9 @@ class Scheduler:
             if not batch.all_decoding:
                 return None
             self._decode_batch = batch
-        rows = batch.rows_needing_a_block()
-        if rows:
-            if not self.block_manager.append_one_block_each([batch.seqs[r] for r in rows]):
-                return None  # not enough free blocks for all of them: the general path preempts
-            batch.blocks_granted(rows)
-        batch.refresh_current_blocks()
-        return SchedulerOutput(scheduled=list(zip(running, repeat(1))), decode_batch=batch)
+        if not batch.claim_blocks(self.block_manager):
+            return None  # not enough free blocks for the rows starting a block: the general path preempts
+        return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
@@ -153,20 +148,23 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        """Advance the scheduled sequences; `sampled` maps seq_id -> next token. Returns the finished ones."""
+    def update(self, out: SchedulerOutput, sampled: dict[int, int], tokens: list[int] | None = None) -> list[Sequence]:
+        """Advance the scheduled sequences; `sampled` maps seq_id -> next token, `tokens` (optional) has the same
+        tokens in the step's sampling order (StepInput.sample_seq_ids) when every row sampled. Returns the finished
+        ones."""
         batch = out.decode_batch
         if batch is not None and batch is self._decode_batch:
-            tokens = list(map(sampled.get, batch.sampling[0]))
+            if tokens is None:
+                tokens = list(map(sampled.get, batch.sampling[0]))
             if None not in tokens:
                 return self._update_decodes(batch, tokens)
         self._decode_batch = None
-        finished = []
-        for seq, num_new in out.scheduled:
-            if seq.status is SequenceStatus.FINISHED:  # aborted or failed while the step ran
-                continue
+        live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
+        for seq, num_new in live:
             seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(seq)
+        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+        finished = []
+        for seq, _ in live:
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
@@ -185,8 +183,7 @@ class Scheduler:
 
     def _update_decodes(self, batch: DecodeBatch, tokens: list[int]) -> list[Sequence]:
         full_rows, finished_rows = batch.advance(tokens)
-        for row in full_rows:
-            self.block_manager.cache_full_blocks(batch.seqs[row])
+        self.block_manager.cache_full_blocks(*[batch.seqs[row] for row in full_rows])
         finished = [batch.seqs[row] for row, _ in finished_rows]
         for seq, (_, reason) in zip(finished, finished_rows):
             self.finish(seq, reason)

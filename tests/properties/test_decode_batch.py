@@ -3,7 +3,8 @@
 Random workloads (prompt lengths, max_tokens, stop tokens, eos, ignore_eos, logprobs, tight KV caches that force
 preemption, a max_num_seqs below the request count) run twice through scheduler + prepare_step + update with the
 same fake tokens: once as the engine does, once with the fast path switched off. Every StepInput, every finished
-request and every final token list must be identical, and the fast path must actually have been taken.
+request, every sequence's progress, blocks and block hashes, the prefix cache after every step and every final
+token list must be identical, and the fast path must actually have been taken.
 """
 
 from __future__ import annotations
@@ -42,15 +43,23 @@ def _run(seed: int, fast: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list, 
     if not fast:
         monkeypatch.setattr(sched, "_schedule_decodes", lambda: None)
     token_rng, trace, fast_steps = random.Random(seed + 1), [], 0
+    list_rng = random.Random(seed + 2)  # whether the runner also hands the tokens over as a list
     names = {s.seq_id: s.request_id for s in seqs}
     while sched.has_unfinished():
         out = sched.schedule()
         fast_steps += out.decode_batch is not None
         step = prepare_step(out, block_size)
         sampled = {seq_id: token_rng.randrange(VOCAB) for seq_id in step.sample_seq_ids}
-        finished = sched.update(out, sampled)
+        tokens = [sampled[i] for i in step.sample_seq_ids] if fast and list_rng.random() < 0.5 else None
+        finished = sched.update(out, sampled, tokens)
         fields = dict(vars(step), sample_seq_ids=[names[i] for i in step.sample_seq_ids])  # seq_ids differ per run
-        trace.append((fields, [s.request_id for s in finished], [s.request_id for s in out.preempted]))
+        array = fields.pop("block_table_array")  # the decode path's copy of block_tables, for the CUDA-graph runner
+        if array is not None:
+            width = max(map(len, step.block_tables))
+            assert array.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]
+        cache = sorted(sched.block_manager.cached.items())  # the prefix cache the decode steps filled
+        trace.append((fields, [s.request_id for s in finished], [s.request_id for s in out.preempted], cache,
+                      [(s.num_computed_tokens, s.block_table, s.block_hashes) for s in seqs]))
     trace.append([(s.request_id, s.token_ids, s.finish_reason) for s in seqs])
     return trace, fast_steps
 

@@ -38,6 +38,8 @@ class Config:
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV cache
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
+    # schedule the next decode step while the current one runs on the device (TP=1, steps without logprobs)
+    async_scheduling: bool = True
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
     seed: int = 0
@@ -64,7 +66,7 @@ class Config:
         gb = self.kv_cache_memory_gb
         if not isinstance(gb, (int, float)) or not gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {gb!r}")
-        for name in ("enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)

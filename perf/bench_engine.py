@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--sync-scheduling", action="store_true", help="async_scheduling=False (A/B against async)")
     p.add_argument("--repeat", type=int, default=1, help="timed runs of the workload (median reported)")
     p.add_argument("--full-warmup", action="store_true", help="also run the whole workload once, untimed")
     p.add_argument("--num-requests", type=int, default=None, help="only the first N requests of the workload")
@@ -122,14 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     llm = build_llm(args.arch, args.model, device=device, tp=args.tp, enforce_eager=args.enforce_eager,
                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens,
-                    gpu_memory_utilization=args.gpu_memory_utilization)
+                    gpu_memory_utilization=args.gpu_memory_utilization,
+                    async_scheduling=not args.sync_scheduling)
     init_s = time.perf_counter() - t0
     warmup(llm, max_prompt=min(1024, args.max_model_len // 2))
     print(f"engine ready in {init_s:.1f} s (+ warm-up {time.perf_counter() - t0 - init_s:.1f} s); "
           f"{llm.engine.block_manager.num_blocks} KV blocks", flush=True)
     record: dict[str, Any] = {
         "kind": "engine", "engine": "nanovllm_ref", "arch": args.arch, "model": args.model, "tp": args.tp,
-        "enforce_eager": args.enforce_eager, "device": device, "machine": machine_info(),
+        "enforce_eager": args.enforce_eager, "async_scheduling": not args.sync_scheduling, "device": device,
+        "machine": machine_info(),
         "ceilings": ceilings.as_dict(), "config": {k: v for k, v in vars(args).items() if k not in ("json",)},
         "num_kvcache_blocks": llm.engine.block_manager.num_blocks, "init_s": init_s,
     }

@@ -38,9 +38,11 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
-        # host staging: pinned, filled with numpy, copied with one transfer per buffer
-        self.host_tables = torch.zeros(n, width, dtype=torch.int32, pin_memory=True)
-        self.host_vectors = torch.zeros(4, n, dtype=torch.int64, pin_memory=True)
+        # host staging: pinned, filled with numpy, copied with one transfer per buffer. Two sets, used in turn:
+        # with async scheduling a step is staged while the previous step's copies may still be queued
+        self.host_tables = [torch.zeros(n, width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.host_vectors = [torch.zeros(4, n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self.stage = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.max_model_len = max_model_len  # an upper bound of the context: steers the decode splits
         self._capture(model)
@@ -69,14 +71,22 @@ class DecodeGraphs:
     def can_run(self, step: StepInput) -> bool:
         return step.max_query_len == 1 and len(step.seq_lens) <= self.max_batch
 
-    def run(self, step: StepInput) -> torch.Tensor:  # (num_seqs, hidden)
+    def run(self, step: StepInput, input_ids: torch.Tensor | None = None) -> torch.Tensor:  # (num_seqs, hidden)
+        """Replay the graph for `step`; `input_ids` (on the device) replaces step.input_ids when given."""
         n = len(step.seq_lens)
         bs = next(s for s in self.sizes if s >= n)
-        vec = self.host_vectors.numpy()
-        for row, values in enumerate((step.input_ids, step.positions, step.slot_mapping, step.seq_lens)):
+        self.stage = 1 - self.stage
+        host_vectors, host_tables = self.host_vectors[self.stage], self.host_tables[self.stage]
+        vec = host_vectors.numpy()
+        for row, values in enumerate((step.positions, step.slot_mapping, step.seq_lens), start=1):
             vec[row, :n] = values
         vec[2, n:bs], vec[3, n:bs] = -1, 0
-        tables = self.host_tables.numpy()
+        if input_ids is None:
+            vec[0, :n] = step.input_ids
+            self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
+        else:
+            self.input_ids[:n].copy_(input_ids)
+        tables = host_tables.numpy()
         if step.block_table_array is not None:
             width = step.block_table_array.shape[1]
             tables[:n, :width] = step.block_table_array
@@ -84,10 +94,9 @@ class DecodeGraphs:
             width = max(len(t) for t in step.block_tables)
             for i, table in enumerate(step.block_tables):
                 tables[i, : len(table)] = table
-        self.input_ids[:bs].copy_(self.host_vectors[0, :bs], non_blocking=True)
-        self.positions[:bs].copy_(self.host_vectors[1, :bs], non_blocking=True)
-        self.slot_mapping[:bs].copy_(self.host_vectors[2, :bs], non_blocking=True)
-        self.seq_lens[:bs].copy_(self.host_vectors[3, :bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
+        self.positions[:bs].copy_(host_vectors[1, :bs], non_blocking=True)
+        self.slot_mapping[:bs].copy_(host_vectors[2, :bs], non_blocking=True)
+        self.seq_lens[:bs].copy_(host_vectors[3, :bs], non_blocking=True)
+        self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
         self.graphs[bs].replay()
         return self.hidden[:n]

@@ -29,7 +29,9 @@ _block_table = attrgetter("block_table")
 class DecodeBatch:
     def __init__(self, seqs: list[Sequence], block_size: int) -> None:
         """Build from `seqs` (the scheduler's running list, in order); check `all_decoding` before use."""
-        self.seqs, self.block_size, self.t = list(seqs), block_size, 0
+        # t: steps advanced (their tokens appended); t_claim: steps scheduled. t_claim = t + 2 while a step is
+        # scheduled ahead of the one in flight (async scheduling)
+        self.seqs, self.block_size, self.t, self.t_claim = list(seqs), block_size, 0, 0
         n = len(seqs)
         pos0 = np.fromiter(map(_computed, seqs), np.int64, n)  # (n,) positions at t = 0
         lengths = np.fromiter(map(len, map(_token_ids, seqs)), np.int64, n)
@@ -73,9 +75,11 @@ class DecodeBatch:
             self.by_phase[p % bs].append(r)
 
     def claim_blocks(self, block_manager: BlockManager) -> bool:
-        """Give the rows that start a block this step a new block (if they lack one) and their slot; compute the
-        step's columns. False (nothing changed) if the free blocks are too few: the general path preempts."""
-        bs, t, tables, slots = self.block_size, self.t, self.tables, self.base[2]
+        """Schedule step t_claim: give the rows that start a block a new block (if they lack one) and their slot;
+        compute the step's columns. False (nothing changed) if the free blocks are too few: the general path
+        preempts. Claimed ahead, a row that the step in flight finishes computes one token more, which is
+        dropped; it is then at position max_num_tokens - 1 at most, so never past max_model_len."""
+        bs, t, tables, slots = self.block_size, self.t_claim, self.tables, self.base[2]
         rows = self.by_phase[-t % bs]
         if rows:
             positions = [self.pos0[r] + t for r in rows]
@@ -85,6 +89,7 @@ class DecodeBatch:
             for r, p in zip(rows, positions):
                 slots[r] = tables[r][p // bs] * bs - t
         self.columns = (self.base + t).tolist()  # [positions, seq_lens, slots]
+        self.t_claim = t + 1
         return True
 
     def _append_blocks(self, rows: list[int], block_manager: BlockManager) -> bool:
@@ -100,22 +105,26 @@ class DecodeBatch:
         return True
 
     def step_columns(self) -> dict[str, list]:
-        """StepInput fields of this decode step (row i = self.seqs[i], its last token, one logits row each)."""
+        """StepInput fields of the step just claimed (row i = self.seqs[i], one logits row each). A step claimed
+        ahead has placeholder input ids (-1): its tokens are the step in flight's, still on the device."""
         positions, seq_lens, slots = self.columns
         seq_ids, temperature, top_k, top_p, seeds, num_logprobs = self.sampling
+        input_ids = [-1] * len(self.seqs) if self.t_claim > self.t + 1 else self.last_token
         return dict(
-            input_ids=self.last_token, positions=positions, slot_mapping=slots, query_start_loc=self.query_start_loc,
+            input_ids=input_ids, positions=positions, slot_mapping=slots, query_start_loc=self.query_start_loc,
             seq_lens=seq_lens, block_tables=list(self.tables), logits_indices=self.rows, sample_seq_ids=seq_ids,
             sample_rows=self.rows, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
             counters=seq_lens, num_logprobs=num_logprobs, block_table_array=self.table_array[:, : self.width],
         )
 
     def advance(self, tokens: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
-        """Append each row's sampled token; returns (rows whose last block became full, [(row, finish reason)])."""
+        """Append each row's token of step t; returns (rows whose last block became full, [(row, finish reason)])."""
         seqs = self.seqs
+        # num_computed_tokens after step t: the claimed step's sequence lengths, unless one was claimed since
+        seq_lens = self.columns[1] if self.t_claim == self.t + 1 else (self.base[1] + self.t).tolist()
         # any(map(...)) runs each call in a C loop (they all return None): the per-sequence writes, ~50 ns each
         any(map(list.append, self.token_lists, tokens))
-        any(map(setattr, seqs, repeat("num_computed_tokens"), self.columns[1]))
+        any(map(setattr, seqs, repeat("num_computed_tokens"), seq_lens))
         self.last_token = tokens
         self.t = t = self.t + 1
         full_rows = self.by_phase[-t % self.block_size]  # a row whose block just filled starts one at this new t

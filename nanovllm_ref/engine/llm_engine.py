@@ -18,9 +18,9 @@ from ..models import check_sliding_window
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
-from .inputs import prepare_step
-from .model_runner import ModelRunner, RunnerSpec
-from .scheduler import Scheduler
+from .inputs import StepInput, prepare_step
+from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -113,6 +113,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
         self._next_id = 0
+        self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
 
     def _check_cache_fits_one_request(self, num_blocks: int) -> None:
         bs, max_len = self.config.kvcache_block_size, self.spec.max_model_len
@@ -179,21 +180,52 @@ class LLMEngine:
         """Run one scheduling step; returns the requests that finished in it."""
         if self.runner is None:
             raise RuntimeError("the engine was shut down")
+        if self._ahead is not None:  # the step launched ahead in the previous call
+            (out, launched), self._ahead = self._ahead, None
+            return self._step_async(out, launched)
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
             return []
-        result = self.runner.execute(prepare_step(out, self.config.kvcache_block_size))
+        step = prepare_step(out, self.config.kvcache_block_size)
+        if not self._can_launch_ahead(out, step):
+            return self._apply(out, self.runner.execute(step))
+        return self._step_async(out, self.runner.launch_decode(step))
+
+    def _can_launch_ahead(self, out: SchedulerOutput, step: StepInput) -> bool:
+        return (self.config.async_scheduling and out.decode_batch is not None and isinstance(self.runner, ModelRunner)
+                and max(step.num_logprobs) < 0)
+
+    def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
+        """With `out` in flight, schedule and launch the next decode step (its input ids are `out`'s tokens,
+        on the device), then wait for `out` and apply it. Rows that finish in `out` compute one more token in the
+        step behind it, which is dropped (as in vLLM's async scheduling)."""
+        ahead = self.scheduler.schedule_ahead()
+        if ahead is not None:
+            keep = None
+            if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
+                keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
+            step = prepare_step(ahead, self.config.kvcache_block_size)
+            self._ahead = (ahead, self.runner.launch_decode(step, prev=launched, rows=keep))
+        finished = self._apply(out, self.runner.collect(launched))
+        if self._ahead is not None and all(seq.is_finished for seq, _ in self._ahead[0].scheduled):
+            self.runner.collect(self._ahead[1])  # every row of it just finished: nothing to apply
+            self._ahead = None
+        return finished
+
+    def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         done = []
         for seq_id, message in result.errors.items():
-            seq = self._by_seq_id[seq_id]
+            seq = self._by_seq_id.get(seq_id)
+            if seq is None or seq.is_finished:  # finished while a step behind it was in flight
+                continue
             seq.error = message
             self.scheduler.finish(seq, "error")
             done.append(seq)
         for seq_id, dicts in result.prompt_logprobs.items():
             self._by_seq_id[seq_id].prompt_logprobs.extend(dicts)
-        for seq_id, entry in result.logprobs.items():
+        for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
             self._by_seq_id[seq_id].logprobs.append(entry)
         done += self.scheduler.update(out, result.sampled, result.tokens)
         return [self._pop_output(seq) for seq in done]
@@ -211,6 +243,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""
+        self._ahead = None
         if self.runner is not None:
             self.runner.shutdown()
             self.runner = None

@@ -30,6 +30,16 @@ class StepOutput:
     errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
 
 
+@dataclass
+class Launched:
+    """A decode step queued on the device and not yet waited for (ModelRunner.launch_decode)."""
+
+    step: StepInput
+    tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
+    host: torch.Tensor  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done`
+    done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously
+
+
 @dataclass(frozen=True)
 class RunnerSpec:
     """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
@@ -172,10 +182,12 @@ class ModelRunner:
             max_seq_len=self.spec.max_model_len,  # an upper bound, the same in eager and graph runs
         )
 
-    def compute_hidden(self, step: StepInput) -> torch.Tensor:
+    def compute_hidden(self, step: StepInput, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward; `input_ids` (on the device) replaces step.input_ids when given."""
         if self.graphs is not None and self.graphs.can_run(step):
-            return self.graphs.run(step)
-        input_ids = self._tensor(step.input_ids, torch.int64)
+            return self.graphs.run(step, input_ids)
+        if input_ids is None:
+            input_ids = self._tensor(step.input_ids, torch.int64)
         positions = self._tensor(step.positions, torch.int64)
         with forward_context(self.metadata(step)):
             return self.model(input_ids, positions)  # (num_tokens, hidden)
@@ -190,14 +202,46 @@ class ModelRunner:
             return None
         return self._sample(step, logits)
 
+    @torch.inference_mode()
+    def launch_decode(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None) -> Launched:
+        """Queue a decode step (every row samples, no logprobs) without waiting for it: forward, logits, sampling,
+        and an asynchronous copy of the tokens to the host. With `prev`, the input ids are `prev`'s sampled tokens
+        (`rows` of them, in order, if given) taken on the device: async scheduling, as in vLLM and SGLang."""
+        input_ids = None
+        if prev is not None:
+            input_ids = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
+            input_ids = input_ids.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
+        logits = self.model.compute_logits(self.compute_hidden(step, input_ids))
+        _, tokens, finite = self._sample_on_device(step, logits)
+        packed = torch.stack([tokens, finite.long()])  # (2, n)
+        if self.device.type != "cuda":
+            return Launched(step, tokens, packed, None)
+        host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Launched(step, tokens, host, done)
+
+    def collect(self, launched: Launched) -> StepOutput:
+        """Wait for a launched step and return its tokens."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        tokens_list, finite_list = launched.host.tolist()
+        return self._outputs(StepOutput(), launched.step, tokens_list, finite_list)
+
     def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
         out = StepOutput()
         for seq_id, rows, targets, k in step.prompt_logprobs:
             out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
-        n = len(step.sample_seq_ids)
-        if n == 0:
+        if not step.sample_seq_ids:
             return out
-        # two host-to-device copies for all per-request parameters, one device-to-host copy for the results
+        sample_logits, tokens, finite = self._sample_on_device(step, logits)
+        tokens_list, finite_list = torch.stack([tokens, finite.long()]).tolist()
+        return self._outputs(out, step, tokens_list, finite_list, sample_logits, tokens)
+
+    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(the sampling rows' logits, sampled tokens (n,), whether each row's logits are finite (n,))."""
+        # two host-to-device copies for all per-request parameters
         ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
         floats = self._tensor([step.temperature, step.top_p], torch.float32)
         sample_logits = logits if step.sample_rows_are_all_rows() else logits[ints[0]]
@@ -206,9 +250,11 @@ class ModelRunner:
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
             all_greedy=all(t == 0 for t in step.temperature),
         )
-        tokens = sample(sample_logits, batch)
-        finite = torch.isfinite(sample_logits).all(dim=-1)
-        tokens_list, finite_list = torch.stack([tokens, finite.long()]).tolist()
+        return sample_logits, sample(sample_logits, batch), torch.isfinite(sample_logits).all(dim=-1)
+
+    def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],
+                 sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> StepOutput:
+        """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
         k_max = max(step.num_logprobs)
         if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
             out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list

@@ -116,6 +116,17 @@ class Scheduler:
             return None  # not enough free blocks for the rows starting a block: the general path preempts
         return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
 
+    def schedule_ahead(self) -> SchedulerOutput | None:
+        """Async scheduling: the decode step after the one in flight, scheduled before its tokens are known (they
+        stay on the device as the next input ids). Only in a steady decode with one step in flight and nobody to
+        admit; None otherwise (the engine then waits for the step in flight, and schedules as usual)."""
+        batch = self._decode_batch
+        if batch is None or batch.t_claim != batch.t + 1 or (self.waiting and len(self.running) < self.max_num_seqs):
+            return None
+        if not batch.claim_blocks(self.block_manager):
+            return None
+        return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
         running, scheduled = self.running, out.scheduled
@@ -157,7 +168,7 @@ class Scheduler:
             if tokens is None:
                 tokens = list(map(sampled.get, batch.sampling[0]))
             if None not in tokens:
-                return self._update_decodes(batch, tokens)
+                return self._update_decodes(batch, tokens, out.scheduled)
         self._decode_batch = None
         live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
         for seq, num_new in live:
@@ -181,7 +192,9 @@ class Scheduler:
             return "stop"
         return "length" if len(seq.token_ids) >= seq.max_num_tokens else None
 
-    def _update_decodes(self, batch: DecodeBatch, tokens: list[int]) -> list[Sequence]:
+    def _update_decodes(self, batch: DecodeBatch, tokens: list[int], scheduled: list) -> list[Sequence]:
+        if len(scheduled) != len(batch.seqs):  # rows finished while this step was in flight: their tokens go
+            tokens = [tok for (seq, _), tok in zip(scheduled, tokens) if seq.status is not SequenceStatus.FINISHED]
         full_rows, finished_rows = batch.advance(tokens)
         self.block_manager.cache_full_blocks(*[batch.seqs[row] for row in full_rows])
         finished = [batch.seqs[row] for row, _ in finished_rows]

@@ -1,0 +1,111 @@
+"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch_decode): the decode step
+after the one in flight is scheduled and launched before that step's tokens are known, its input ids taken from
+the device. It must change nothing a user sees: the same tokens and finish reasons as the synchronous engine,
+with rows finishing (stop tokens, length limits up to max_model_len) while a step behind them is in flight,
+sampling with seeds, preemption, and an abort between steps.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nanovllm_ref import LLM, SamplingParams
+from nanovllm_ref.engine.model_runner import ModelRunner
+
+from .conftest import QWEN3
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 200) for _ in range(rng.randint(3, 40))] for _ in range(n)]
+
+
+def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest.MonkeyPatch, **kw):
+    """(token ids and finish reason per prompt, [(launched ahead, with rows dropped, widest block table)])."""
+    ahead = []
+    original = ModelRunner.launch_decode
+
+    def spy(self, step, prev=None, rows=None):
+        ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables))))
+        return original(self, step, prev, rows)
+
+    with monkeypatch.context() as m:
+        m.setattr(ModelRunner, "launch_decode", spy)
+        with LLM(path, dtype="float32", async_scheduling=async_scheduling, **kw) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.token_ids, o.finish_reason) for o in outs], ahead
+
+
+def _params_with_stops(reference: list[tuple[list[int], str]]) -> list[SamplingParams]:
+    """Greedy and seeded-sampling requests of different lengths; some stop on a token the plain run produced
+    mid-way (so they finish on a stop token while the step behind them is already in flight)."""
+    params = []
+    for i, (tokens, _) in enumerate(reference):
+        stop = [tokens[len(tokens) // 2]] if i % 3 == 0 and len(tokens) > 4 else []
+        temperature = 0.0 if i % 2 else 0.8
+        params.append(SamplingParams(max_tokens=len(tokens), temperature=temperature, seed=100 + i,
+                                     stop_token_ids=stop, ignore_eos=True))
+    return params
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    from golden.load import checkpoint_path
+
+    return str(checkpoint_path(QWEN3))
+
+
+def test_async_matches_sync_with_stops_lengths_and_sampling(path, monkeypatch):
+    prompts = _prompts(12, seed=1)
+    rng = random.Random(2)
+    base = [SamplingParams(max_tokens=rng.randint(1, 30), temperature=0.8, seed=i, ignore_eos=True)
+            for i in range(12)]
+    reference, _ = _run(path, False, prompts, base, monkeypatch)
+    params = _params_with_stops(reference)
+    sync, none = _run(path, False, prompts, params, monkeypatch)
+    got, ahead = _run(path, True, prompts, params, monkeypatch)
+    assert not any(p for p, *_ in none)
+    assert got == sync
+    assert any(reason == "stop" for _, reason in sync) and any(reason == "length" for _, reason in sync)
+    assert sum(p for p, *_ in ahead) > 5, "no step was launched ahead"
+    assert any(r for _, r, _ in ahead), "no step was launched ahead of one whose rows finished"
+
+
+def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):
+    # requests that run into max_model_len (a row finishing in the step in flight computes one token more in
+    # the step behind it: still inside max_model_len) and a KV cache so small that decodes preempt each other
+    prompts = _prompts(6, seed=4)
+    params = [SamplingParams(max_tokens=64 - len(p), temperature=0.0, ignore_eos=True) for p in prompts]
+    kw = dict(max_model_len=64, num_kvcache_blocks=12, max_num_seqs=4)
+    sync, _ = _run(path, False, prompts, params, monkeypatch, **kw)
+    got, ahead = _run(path, True, prompts, params, monkeypatch, **kw)
+    assert got == sync
+    assert all(len(p) + len(t) == 64 for p, (t, _) in zip(prompts, got))
+    assert max(w for *_, w in ahead) <= 64 // 16, "a block table grew past max_model_len"
+    assert sum(p for p, *_ in ahead) > 5
+
+
+def test_abort_while_a_step_is_in_flight(path):
+    prompts = _prompts(4, seed=5)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def run(async_scheduling: bool):
+        with LLM(path, dtype="float32", async_scheduling=async_scheduling) as llm:
+            ids = [llm.add_request(p, params) for p in prompts]
+            results = {}
+            for i in range(40):
+                if i == 6:
+                    aborted = llm.engine.abort_request(ids[1])
+                    results[aborted.request_id] = aborted
+                for out in llm.step():
+                    results[out.request_id] = out
+                if not llm.engine.has_unfinished():
+                    break
+            assert not llm.engine.has_unfinished() and llm.engine._ahead is None
+            return [(results[i].token_ids, results[i].finish_reason) for i in ids]
+
+    sync, got = run(False), run(True)
+    assert got == sync
+    assert got[1][1] == "abort" and 0 < len(got[1][0]) < 24

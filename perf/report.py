@@ -61,7 +61,9 @@ def _throughput_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         if r["kind"] == "engine" and r.get("throughput"):
             t = r["throughput"]
-            row = {"engine": "nanovllm_ref" + (" eager" if r.get("enforce_eager") else ""), "arch": r.get("arch"),
+            label = "nanovllm_ref" + (" eager" if r.get("enforce_eager") else "")
+            label += " sync" if r.get("async_scheduling") is False else ""
+            row = {"engine": label, "arch": r.get("arch"),
                    "tp": r.get("tp"), "workload": t["workload"]["workload"], "requests": t["workload"]["requests"],
                    "output_tok_s": t["output_tok_s"], "total_tok_s": t["total_tok_s"], "wall_s": t["wall_s"],
                    "steps": t["steps"], "roofline_tok_s": t["roofline"]["output_tok_s"],

@@ -11,14 +11,18 @@ from .torch_backend import TorchBackend
 BACKENDS: dict[str, str] = {
     "torch": "nanovllm_ref.attention.torch_backend:TorchBackend",
     "triton": "nanovllm_ref.attention.triton_backend:TritonBackend",
+    "flash-attn": "nanovllm_ref.attention.flash_attn_backend:FlashAttnBackend",
 }
 
 
-def resolve_backend_name(name: str, device: str) -> str:
+def resolve_backend_name(name: str, device: str, block_size: int = 16) -> str:
+    """"auto": torch on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton."""
     if name == "auto":
         if device == "cpu":
             return "torch"
-        return "triton"
+        from .flash_attn_backend import PAGE_MULTIPLE, flash_attn_available
+
+        return "flash-attn" if flash_attn_available() and block_size % PAGE_MULTIPLE == 0 else "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
     return name

@@ -80,7 +80,8 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     check_sliding_window(hf_config, max_model_len)
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype,
-        backend=resolve_backend_name(config.attention_backend, device), block_size=config.kvcache_block_size,
+        backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
+        block_size=config.kvcache_block_size,
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
         kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,

@@ -15,9 +15,8 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ..kernels.store_kv import store_kv
-from .base import AttentionBackend
 from .metadata import AttentionMetadata
+from .triton_backend import TritonBackend
 
 PAGE_MULTIPLE = 256  # FA2's paged KV cache: page_block_size must be divisible by 256
 
@@ -26,7 +25,7 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-class FlashAttnBackend(AttentionBackend):
+class FlashAttnBackend(TritonBackend):  # its store_kv: the Triton KV-store kernel
     name = "flash-attn"
 
     @classmethod
@@ -38,11 +37,7 @@ class FlashAttnBackend(AttentionBackend):
         if block_size % PAGE_MULTIPLE:
             raise ValueError(f"attention_backend 'flash-attn' needs kvcache_block_size to be a multiple of "
                              f"{PAGE_MULTIPLE} (its paged KV cache), got {block_size}")
-        if head_dim > 256:
-            raise ValueError(f"attention_backend 'flash-attn' supports head_dim <= 256, got {head_dim}")
-
-    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        TritonBackend.check_supported(device, block_size, head_dim)  # the KV store and its head_dim limit
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache

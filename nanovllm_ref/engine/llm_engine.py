@@ -1,5 +1,10 @@
 """The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
 
+Async scheduling (`Config.async_scheduling`, TP=1, steps without logprobs): in a steady decode the next step is
+scheduled and launched before the current one's tokens are read back (`_step_async`), so the host's update,
+scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
+SGLang's overlap scheduler).
+
 Bad input raises before any state changes; a failing request (non-finite logits) is finished with an
 error while the others go on; a request that can never fit is refused when added.
 """

@@ -5,6 +5,8 @@ sequences first (a decode is 1 token, an unfinished prefill chunk more), then wa
 (FCFS: the oldest waiting request is never skipped for a younger one). When blocks run out, the newest
 running sequence is preempted: its blocks are freed and it is recomputed later from its tokens, so its
 output is unaffected. Nothing here asserts: a request that could never fit is refused when added.
+Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the decode step
+behind the one in flight for the engine's async scheduling.
 """
 
 from __future__ import annotations

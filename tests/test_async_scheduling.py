@@ -109,3 +109,16 @@ def test_abort_while_a_step_is_in_flight(path):
     sync, got = run(False), run(True)
     assert got == sync
     assert got[1][1] == "abort" and 0 < len(got[1][0]) < 24
+
+
+def test_aborting_the_last_request_leaves_nothing_in_flight(path):
+    with LLM(path, dtype="float32") as llm:
+        rid = llm.add_request([5, 6, 7], SamplingParams(max_tokens=20, ignore_eos=True))
+        for _ in range(4):
+            llm.step()
+        assert llm.engine._ahead is not None  # a steady decode: the next step is already launched
+        assert llm.engine.abort_request(rid).finish_reason == "abort"
+        assert llm.engine._ahead is None and not llm.engine.has_unfinished()
+        rid = llm.add_request([8, 9], SamplingParams(max_tokens=3, ignore_eos=True))  # the engine serves on
+        outs = [o for _ in range(10) for o in llm.step()]
+        assert [len(o.token_ids) for o in outs if o.request_id == rid] == [3]

@@ -176,6 +176,7 @@ class LLMEngine:
         if seq is None or seq.is_finished:
             return None
         self.scheduler.finish(seq, "abort")
+        self._drop_ahead_if_done()
         return self._pop_output(seq)
 
     def has_unfinished(self) -> bool:
@@ -215,10 +216,14 @@ class LLMEngine:
             step = prepare_step(ahead, self.config.kvcache_block_size)
             self._ahead = (ahead, self.runner.launch_decode(step, prev=launched, rows=keep))
         finished = self._apply(out, self.runner.collect(launched))
-        if self._ahead is not None and all(seq.is_finished for seq, _ in self._ahead[0].scheduled):
-            self.runner.collect(self._ahead[1])  # every row of it just finished: nothing to apply
-            self._ahead = None
+        self._drop_ahead_if_done()
         return finished
+
+    def _drop_ahead_if_done(self) -> None:
+        """Forget the step launched ahead once every row of it has finished: nothing of it is to be applied."""
+        if self._ahead is not None and all(seq.is_finished for seq, _ in self._ahead[0].scheduled):
+            self.runner.collect(self._ahead[1])
+            self._ahead = None
 
     def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         done = []

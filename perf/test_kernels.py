@@ -42,7 +42,7 @@ def _cpu(benchmark, case: kb.Case, ceilings, group: str) -> None:
 
 # ---- GPU ----------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [256, 8192])
+@pytest.mark.parametrize("num_tokens", [256, 8192, 16384])  # 16384: a full prefill step of the headline config
 def test_store_kv(benchmark, ceilings, shape, num_tokens):
     _gpu(benchmark, kb.store_kv_case(shape, num_tokens, "cuda", torch.bfloat16), ceilings, "store_kv")
 

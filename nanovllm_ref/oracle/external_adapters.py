@@ -27,13 +27,17 @@ from .compare import EngineOutput
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _require(module: str, engine: str) -> Any:
+def _require(module: str, engine: str, dtype: str) -> Any:
+    """The engine's package; also checks the dtype asked for."""
     import importlib
 
     try:
-        return importlib.import_module(module)
+        package = importlib.import_module(module)
     except ImportError as e:
         raise ImportError(f"--engine {engine} needs the {engine!r} package ({e}); pip install {engine}") from e
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {_DTYPES}")
+    return package
 
 
 def _logprob(value: Any) -> float:
@@ -104,9 +108,7 @@ class VLLMAdapter:
     name = "vllm"
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
-        vllm = _require("vllm", "vllm")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r}: use one of {_DTYPES}")
+        vllm = _require("vllm", "vllm", dtype)
         self.llm = vllm.LLM(model=model_path, dtype=dtype, **engine_kwargs)
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,
@@ -129,9 +131,7 @@ class SGLangAdapter:
     name = "sglang"
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
-        sgl = _require("sglang", "sglang")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r}: use one of {_DTYPES}")
+        sgl = _require("sglang", "sglang", dtype)
         self.engine = sgl.Engine(model_path=model_path, dtype=dtype, **engine_kwargs)
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,

@@ -122,7 +122,7 @@ class BlockManager:
             for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
                 parent = seq.block_hashes[-1] if seq.block_hashes else 0
                 tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-                h = hash((parent, tokens))  # hash_block, inlined: 16 calls a step on the decode path
+                h = hash_block(parent, tokens)
                 seq.block_hashes.append(h)
                 if not self.enable_prefix_caching:
                     continue

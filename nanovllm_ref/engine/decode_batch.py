@@ -62,6 +62,11 @@ class DecodeBatch:
         self.sampling = list(map(list, zip(*map(attrgetter("sampling_row"), seqs))))
         self._row_lists()
 
+    @property
+    def in_flight(self) -> int:
+        """Steps scheduled and not yet advanced: 1 normally, 2 while one is scheduled ahead (async)."""
+        return self.t_claim - self.t
+
     def _row_lists(self) -> None:
         """Lists that only change when rows are removed (shared by the steps' inputs, never mutated)."""
         n, bs = len(self.seqs), self.block_size
@@ -109,7 +114,7 @@ class DecodeBatch:
         ahead has placeholder input ids (-1): its tokens are the step in flight's, still on the device."""
         positions, seq_lens, slots = self.columns
         seq_ids, temperature, top_k, top_p, seeds, num_logprobs = self.sampling
-        input_ids = [-1] * len(self.seqs) if self.t_claim > self.t + 1 else self.last_token
+        input_ids = [-1] * len(self.seqs) if self.in_flight == 2 else self.last_token
         return dict(
             input_ids=input_ids, positions=positions, slot_mapping=slots, query_start_loc=self.query_start_loc,
             seq_lens=seq_lens, block_tables=list(self.tables), logits_indices=self.rows, sample_seq_ids=seq_ids,
@@ -121,7 +126,7 @@ class DecodeBatch:
         """Append each row's token of step t; returns (rows whose last block became full, [(row, finish reason)])."""
         seqs = self.seqs
         # num_computed_tokens after step t: the claimed step's sequence lengths, unless one was claimed since
-        seq_lens = self.columns[1] if self.t_claim == self.t + 1 else (self.base[1] + self.t).tolist()
+        seq_lens = self.columns[1] if self.in_flight == 1 else (self.base[1] + self.t).tolist()
         # any(map(...)) runs each call in a C loop (they all return None): the per-sequence writes, ~50 ns each
         any(map(list.append, self.token_lists, tokens))
         any(map(setattr, seqs, repeat("num_computed_tokens"), seq_lens))

@@ -104,9 +104,7 @@ class Scheduler:
         """The steady decode step through the DecodeBatch; None when the general path must decide (an admission
         may happen, the budget is short, a prefill is under way, or a block cannot be had without preemption)."""
         running = self.running
-        if not running or (self.waiting and len(running) < self.max_num_seqs):
-            return None
-        if len(running) > self.max_num_batched_tokens:
+        if not running or self._may_admit() or len(running) > self.max_num_batched_tokens:
             return None
         batch = self._decode_batch
         if batch is None:
@@ -114,19 +112,23 @@ class Scheduler:
             if not batch.all_decoding:
                 return None
             self._decode_batch = batch
-        if not batch.claim_blocks(self.block_manager):
-            return None  # not enough free blocks for the rows starting a block: the general path preempts
-        return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
+        return self._claim_decode_step(batch)
 
     def schedule_ahead(self) -> SchedulerOutput | None:
         """Async scheduling: the decode step after the one in flight, scheduled before its tokens are known (they
         stay on the device as the next input ids). Only in a steady decode with one step in flight and nobody to
         admit; None otherwise (the engine then waits for the step in flight, and schedules as usual)."""
         batch = self._decode_batch
-        if batch is None or batch.t_claim != batch.t + 1 or (self.waiting and len(self.running) < self.max_num_seqs):
+        if batch is None or batch.in_flight != 1 or self._may_admit():
             return None
+        return self._claim_decode_step(batch)
+
+    def _may_admit(self) -> bool:
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs
+
+    def _claim_decode_step(self, batch: DecodeBatch) -> SchedulerOutput | None:
         if not batch.claim_blocks(self.block_manager):
-            return None
+            return None  # not enough free blocks for the rows starting a block: the general path preempts
         return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

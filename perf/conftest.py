@@ -8,6 +8,8 @@
   builds its storage in its own `pytest_configure` (trylast); this one is tryfirst, so the option is set first.
 - `pytest_benchmark_update_machine_info` adds the GPU name and count, driver, torch / triton / CUDA versions.
 - `ceilings` (session): copy bandwidth and matmul rate of the device, measured once.
+- At the end, a table prints every benchmark's fraction of its ceiling (kernels: measured copy bandwidth or
+  matmul rate; engine: the workload's memory roofline), so a run shows the targets without opening the JSON.
 Without pytest-benchmark installed, a minimal `benchmark` fixture runs the same code (no stats saved).
 """
 
@@ -25,7 +27,7 @@ import pytest
 from perf.device import gpu_slug, has_cuda, machine_info, measure_ceilings
 from perf.models import ModelShape, model_folder, read_config
 from perf.roofline import Ceilings
-from perf.tables import BASELINES_DIR, PERF_DIR
+from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row, text_table
 
 DEFAULT_STORAGE = "file://./.benchmarks"
 
@@ -83,6 +85,27 @@ def _machine_info() -> dict[str, Any]:
     if not _INFO:
         _INFO.update(machine_info())
     return _INFO
+
+
+_CEILING_ROWS = pytest.StashKey[list]()
+
+
+@pytest.fixture(autouse=True)
+def _record_ceiling_fraction(request: pytest.FixtureRequest):
+    bench = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
+    yield
+    if bench is not None:
+        row = ceiling_row(request.node.name, bench.extra_info)
+        if row is not None:
+            request.config.stash.setdefault(_CEILING_ROWS, []).append(row)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(_CEILING_ROWS, [])
+    if rows:
+        terminalreporter.write_sep("-", "fraction of the measured ceilings (perf/README.md)")
+        terminalreporter.write_line(text_table(rows))
 
 
 @pytest.fixture(scope="session")

@@ -64,3 +64,17 @@ def save_result(record: dict[str, Any], path: str | None = None, stem: str = "ru
     with open(path, "w") as f:
         json.dump(record, f, indent=2, default=str)
     return path
+
+
+def ceiling_row(test_id: str, info: dict[str, Any]) -> dict[str, Any] | None:
+    """One row of the perf suite's closing summary: how close a benchmark came to its ceiling (None: no ceiling).
+
+    Kernels carry `fraction_of_ceiling` (of the measured copy bandwidth or matmul rate, perf/kernel_bench.py);
+    engine runs carry `roofline_fraction` (of the workload's memory roofline, perf/roofline.py)."""
+    fraction = info.get("fraction_of_ceiling", info.get("roofline_fraction"))
+    if fraction is None:
+        return None
+    rate = next(((info[k], unit) for k, unit in (("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("output_tok_s", "tok/s"))
+                 if k in info), (None, ""))
+    return {"benchmark": test_id, "case": info.get("case", ""), "us/call": info.get("us_per_call_event"),
+            "rate": rate[0], "unit": rate[1], "of ceiling": f"{100 * fraction:.1f}%"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +13,7 @@ from perf import bench_engine, peers, report, workloads
 from perf.device import gpu_slug, percentile, slug
 from perf.models import ARCHS, ModelShape, arch_config, model_folder, read_config
 from perf.roofline import H200, H200_HEADLINE_ROOFLINE_S, decode_step_seconds, roofline
-from perf.tables import BASELINES_DIR
+from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
 
 
 def test_headline_totals():
@@ -117,3 +119,24 @@ def test_hf_cb_peer_runs_on_cpu():
     record = peers.run_one(args)
     assert record["status"] == "ok", record.get("error")
     assert record["output_tokens"] == workloads.smoke().output_tokens
+
+
+def test_ceiling_rows():
+    kernel = {"case": "store_kv-t16384", "us_per_call_event": 39.2, "gbps": 3424.0, "fraction_of_ceiling": 0.803}
+    assert ceiling_row("test_store_kv[16384]", kernel) == {
+        "benchmark": "test_store_kv[16384]", "case": "store_kv-t16384", "us/call": 39.2, "rate": 3424.0,
+        "unit": "GB/s", "of ceiling": "80.3%"}
+    engine = {"output_tok_s": 21418.0, "roofline_fraction": 0.598}
+    row = ceiling_row("test_headline", engine)
+    assert (row["rate"], row["unit"], row["of ceiling"]) == (21418.0, "tok/s", "59.8%")
+    assert ceiling_row("test_latency", {"ttft_p50_ms": 3.0}) is None
+
+
+def test_perf_suite_prints_ceiling_fractions():
+    """The closing summary lists each benchmark's case and fraction (issue 5: targets printed by the suite)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perf-smoke",
+                          os.path.join(PERF_DIR, "test_kernels.py"), "-k", "store_kv_smoke or rmsnorm_smoke"],
+                         capture_output=True, text=True, timeout=300, cwd=os.path.dirname(PERF_DIR))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    summary = out.stdout.split("fraction of the measured ceilings")[1]
+    assert "store_kv-t64" in summary and "rmsnorm-t32-h64" in summary and "GB/s" in summary

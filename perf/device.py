@@ -4,7 +4,10 @@ Ceilings (measured once per process, cached):
 - copy bandwidth: `dst.copy_(src)` of 4 GiB on the GPU (64 MiB on the CPU), median of 10, counting the
   bytes read plus the bytes written (FACTS.md: 4.25 TB/s on the H200);
 - matmul: bf16 8192^3 `torch.mm` on the GPU (fp32 1024^3 on the CPU), median of 10 (H200: ~790 TFLOP/s).
-Timing: CUDA events around the work (GPU) or `time.perf_counter` (CPU), always after a synchronize.
+Timing: CUDA events around the work (GPU) or `time.perf_counter` (CPU), always after a synchronize. On the GPU
+a spin kernel (`torch.cuda._sleep`) is queued before the start event, long enough to cover the host's launches:
+the work then waits in the queue and the events time the GPU, not Python's launch latency (a 40 us kernel
+launched onto an idle GPU otherwise measures ~60 us). nvbench's "blocking kernel" does the same.
 """
 
 from __future__ import annotations
@@ -83,15 +86,24 @@ def machine_info() -> dict[str, object]:
     return info
 
 
+def spin_gpu(seconds: float, clock_hz: float = 2e9) -> None:
+    """Queue a kernel that keeps the GPU busy ~`seconds` (at least: clocks at or below 2 GHz, the H200's 1.98)."""
+    torch.cuda._sleep(int(seconds * clock_hz))
+
+
 def time_fn(fn: Callable[[], object], reps: int, device: str, warmup: int = 2) -> list[float]:
     """Seconds of each of `reps` calls of `fn`: CUDA events on the GPU, perf_counter on the CPU."""
+    enqueue_s = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        enqueue_s = time.perf_counter() - t0  # the last warm call: compiled, so ~ the host's launch time
     sync(device)
     times = []
     if torch.device(device).type == "cuda":
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            spin_gpu(2 * enqueue_s + 50e-6)
             start.record()
             fn()
             end.record()

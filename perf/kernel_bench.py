@@ -68,11 +68,21 @@ def _triton(device: str) -> bool:
     return device == "cuda"
 
 
-def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
+def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, block_size: int = 16,
+                  scattered: bool = False) -> Case:
+    """Slots as the engine lays them out: consecutive rows of blocks drawn at random from a pool twice the size
+    needed (a prefill fills whole blocks); `scattered`: every token in a random slot (the worst case)."""
     from nanovllm_ref.kernels.store_kv import store_kv
 
     kvh, hd = shape.num_kv_heads, shape.head_dim
     num_blocks = 2 * -(-num_tokens // block_size)
+
+    def slot_mapping(g: torch.Generator) -> torch.Tensor:
+        if scattered:
+            return torch.randperm(num_blocks * block_size, device=device, generator=g)[:num_tokens]
+        blocks = torch.randperm(num_blocks, device=device, generator=g)[: num_blocks // 2]
+        rows = torch.arange(block_size, device=device)
+        return (blocks[:, None] * block_size + rows).flatten()[:num_tokens]
 
     def make(i: int) -> tuple:
         g = torch.Generator(device=device).manual_seed(i)
@@ -80,12 +90,12 @@ def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, 
         value = torch.randn(num_tokens, kvh, hd, device=device, dtype=dtype, generator=g)
         k_cache = torch.zeros(num_blocks, block_size, kvh, hd, device=device, dtype=dtype)
         v_cache = torch.zeros_like(k_cache)
-        slots = torch.randperm(num_blocks * block_size, device=device, generator=g)[:num_tokens]
-        return key, value, k_cache, v_cache, slots
+        return key, value, k_cache, v_cache, slot_mapping(g)
 
     sets, size = _replicate(make, device)
     moved = 2 * 2 * num_tokens * kvh * hd * torch.finfo(dtype).bits // 8 + 8 * num_tokens  # K, V read + written
-    return Case(f"store_kv-t{num_tokens}", store_kv if _triton(device) else store_kv_reference, sets, moved,
+    name = f"store_kv-t{num_tokens}" + ("-scattered" if scattered else "")
+    return Case(name, store_kv if _triton(device) else store_kv_reference, sets, moved,
                 set_bytes=size)
 
 

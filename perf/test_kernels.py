@@ -48,6 +48,12 @@ def test_store_kv(benchmark, ceilings, shape, num_tokens):
 
 
 @pytest.mark.gpu
+def test_store_kv_scattered(benchmark, ceilings, shape):
+    """Every token in a random slot: no two tokens share a block (worst case; the engine fills whole blocks)."""
+    _gpu(benchmark, kb.store_kv_case(shape, 16384, "cuda", torch.bfloat16, scattered=True), ceilings, "store_kv")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("ctx", [2048, 4096])
 @pytest.mark.parametrize("batch", [64, 256])
 def test_decode_attention(benchmark, ceilings, shape, batch, ctx):

@@ -140,3 +140,44 @@ def test_perf_suite_prints_ceiling_fractions():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = out.stdout.split("fraction of the measured ceilings")[1]
     assert "store_kv-t64" in summary and "rmsnorm-t32-h64" in summary and "GB/s" in summary
+
+
+def test_store_kv_case_slot_layouts():
+    """Engine layout: whole blocks of consecutive rows drawn from the pool; scattered: distinct random slots."""
+    import torch
+
+    from perf.kernel_bench import store_kv_case
+
+    shape = ModelShape.from_arch("tiny")
+    engine = store_kv_case(shape, 40, "cpu", torch.float32, block_size=8).sets[0][4]
+    assert len(engine) == 40 and len(set(engine.tolist())) == 40
+    blocks = (engine // 8).view(5, 8)  # 40 tokens fill 5 blocks of a 10-block pool
+    assert (blocks == blocks[:, :1]).all() and (engine % 8).tolist() == list(range(8)) * 5
+    assert len(set(blocks[:, 0].tolist())) == 5 and (engine < 2 * 40).all()
+    scattered = store_kv_case(shape, 40, "cpu", torch.float32, block_size=8, scattered=True).sets[0][4]
+    assert len(set(scattered.tolist())) == 40 and (scattered < 80).all()
+    assert not ((scattered // 8).view(-1, 8) == (scattered // 8).view(-1, 8)[:, :1]).all()
+
+
+@pytest.mark.gpu
+def test_event_timing_excludes_launch_latency():
+    """100 one-element adds: the GPU runs them faster than Python launches them, so with the spin kernel queued
+    ahead the events must measure less than the host's enqueue time (without it they measure the launches)."""
+    import time
+
+    import torch
+
+    from perf.device import time_fn
+
+    x = torch.zeros(1, device="cuda")
+
+    def launches() -> None:
+        for _ in range(100):
+            x.add_(1)
+
+    time_fn(launches, 3, "cuda")
+    t0 = time.perf_counter()
+    launches()
+    enqueue_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    assert min(time_fn(launches, 5, "cuda")) < 0.8 * enqueue_s

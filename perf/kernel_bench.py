@@ -164,10 +164,11 @@ def rmsnorm_case(num_tokens: int, hidden: int, device: str, dtype: torch.dtype) 
                 set_bytes=size)
 
 
-def sampler_case(batch: int, vocab: int, temperature: float, device: str) -> Case:
+def sampler_case(batch: int, vocab: int, temperature: float, device: str, dtype: torch.dtype) -> Case:
+    """The logits in the model's dtype, as the LM head returns them."""
     def make(i: int) -> tuple:
         g = torch.Generator(device=device).manual_seed(i)
-        logits = torch.randn(batch, vocab, device=device, dtype=torch.float32, generator=g)
+        logits = torch.randn(batch, vocab, device=device, dtype=dtype, generator=g)
         sb = SamplingBatch(
             temperature=torch.full((batch,), temperature, device=device), top_k=torch.full((batch,), -1, device=device),
             top_p=torch.ones(batch, device=device), seeds=torch.arange(batch, device=device) + 1000 * i,
@@ -177,7 +178,8 @@ def sampler_case(batch: int, vocab: int, temperature: float, device: str) -> Cas
 
     sets, size = _replicate(make, device)
     kind = "greedy" if temperature == 0 else f"t{temperature}"
-    return Case(f"sampler-{kind}-b{batch}-v{vocab}", sample, sets, 4 * batch * vocab, set_bytes=size)
+    return Case(f"sampler-{kind}-b{batch}-v{vocab}", sample, sets, torch.finfo(dtype).bits // 8 * batch * vocab,
+                set_bytes=size)
 
 
 def run_case(benchmark: Any, case: Case, device: str, ceilings: Ceilings, rounds: int, warmup_rounds: int,

@@ -77,7 +77,7 @@ def test_rmsnorm(benchmark, ceilings, shape, num_tokens):
 @pytest.mark.parametrize("temperature", [0.0, 0.6])
 @pytest.mark.parametrize("batch", [64, 256])
 def test_sampler(benchmark, ceilings, shape, batch, temperature):
-    _gpu(benchmark, kb.sampler_case(batch, shape.vocab_size, temperature, "cuda"), ceilings, "sampler")
+    _gpu(benchmark, kb.sampler_case(batch, shape.vocab_size, temperature, "cuda", torch.bfloat16), ceilings, "sampler")
 
 
 # ---- CPU smoke ----------------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def test_rmsnorm_smoke(benchmark, ceilings):
 @pytest.mark.smoke
 @pytest.mark.parametrize("temperature", [0.0, 0.6])
 def test_sampler_smoke(benchmark, ceilings, temperature):
-    _cpu(benchmark, kb.sampler_case(8, 1024, temperature, "cpu"), ceilings, "sampler")
+    _cpu(benchmark, kb.sampler_case(8, 1024, temperature, "cpu", torch.float32), ceilings, "sampler")
 
 
 def test_rotating_sets_defeat_l2():

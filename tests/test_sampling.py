@@ -25,7 +25,7 @@ def draw(logits: torch.Tensor, temperature=1.0, top_k=-1, top_p=1.0, seeds=None,
         counters=torch.full((n,), 5, dtype=torch.int64) if counters is None else counters,
         needs_filter=top_k > 0 or top_p < 1,
     )
-    tokens = sample(logits.expand(n, -1).clone(), batch)
+    tokens = sample(logits.expand(n, -1).clone(), batch)[0]
     return torch.bincount(tokens, minlength=logits.numel()).float() / n
 
 
@@ -113,16 +113,35 @@ def test_logprobs_shape_and_consistency(llm):
 
 @pytest.mark.parametrize("vocab", [1000, 5003, 151_936])
 def test_gumbel_kernel_matches_reference(vocab):
-    from nanovllm_ref.kernels.sampling import gumbel_sample, gumbel_sample_reference, row_keys
+    from nanovllm_ref.kernels.sampling import gumbel_sample, gumbel_sample_reference
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(vocab)
-    n = 5
+    n = 7
     logits = (torch.randn(n, vocab, generator=gen) * 3).to(device)
     logits[0, ::3] = float("-inf")  # masked entries (top-k/top-p) must never be drawn
-    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0], device=device)
-    keys = row_keys(torch.arange(n, device=device) * 7919 + 3, torch.arange(n, device=device) + 11)
-    expected = gumbel_sample_reference(logits, temperature, keys)
-    got = gumbel_sample(logits, temperature, keys)
-    assert torch.equal(got, expected)
-    assert got[0] % 3 != 0
+    logits[5, vocab // 2] = float("nan")  # a broken row is flagged, whatever it samples
+    logits[6, -1] = float("inf")
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0, 0.0, 0.7], device=device)
+    # seeds with high bits and negative seeds exercise the kernel's 64 -> 32-bit key folding
+    seeds = torch.tensor([3, 7922, -5, 2**40 + 17, 2**63 - 1, 11, -(2**62)], device=device)
+    counters = torch.arange(n, device=device) + 2**32 - 3  # and counters past 2^32 its wrap-around
+    expected = gumbel_sample_reference(logits, temperature, seeds, counters)
+    got = gumbel_sample(logits, temperature, seeds, counters)
+    assert got.shape == (2, n) and got.dtype == torch.int64
+    assert torch.equal(got[1], torch.tensor([0, 1, 1, 1, 1, 0, 0], device=device))
+    assert torch.equal(got[:, :5], expected[:, :5]) and torch.equal(got[1], expected[1])
+    assert got[0, 0] % 3 != 0
+
+
+def test_sample_flags_non_finite_rows_on_every_path():
+    """The finite flag is that of the model's logits, also when top-k / top-p writes -inf into them."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    logits[1, 7] = float("nan")
+    for top_k, temperature in ((-1, 0.0), (-1, 0.8), (5, 0.8), (5, 0.0)):
+        batch = SamplingBatch(temperature=torch.full((3,), temperature), top_k=torch.full((3,), top_k),
+                              top_p=torch.ones(3), seeds=torch.arange(3), counters=torch.zeros(3, dtype=torch.int64),
+                              needs_filter=top_k > 0)
+        out = sample(logits.clone(), batch)
+        assert out[1].tolist() == [1, 0, 1], (top_k, temperature)
+        assert out[0, 0] in logits[0].topk(max(top_k, 1) if top_k > 0 else 50).indices

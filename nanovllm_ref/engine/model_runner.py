@@ -212,8 +212,8 @@ class ModelRunner:
             input_ids = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
             input_ids = input_ids.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, input_ids))
-        _, tokens, finite = self._sample_on_device(step, logits)
-        packed = torch.stack([tokens, finite.long()])  # (2, n)
+        _, packed = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
+        tokens = packed[0]
         if self.device.type != "cuda":
             return Launched(step, tokens, packed, None)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
@@ -235,12 +235,12 @@ class ModelRunner:
             out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
         if not step.sample_seq_ids:
             return out
-        sample_logits, tokens, finite = self._sample_on_device(step, logits)
-        tokens_list, finite_list = torch.stack([tokens, finite.long()]).tolist()
-        return self._outputs(out, step, tokens_list, finite_list, sample_logits, tokens)
+        sample_logits, packed = self._sample_on_device(step, logits)
+        tokens_list, finite_list = packed.tolist()
+        return self._outputs(out, step, tokens_list, finite_list, sample_logits, packed[0])
 
-    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(the sampling rows' logits, sampled tokens (n,), whether each row's logits are finite (n,))."""
+    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite)."""
         # two host-to-device copies for all per-request parameters
         ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
         floats = self._tensor([step.temperature, step.top_p], torch.float32)
@@ -248,9 +248,8 @@ class ModelRunner:
         batch = SamplingBatch(
             temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
-            all_greedy=all(t == 0 for t in step.temperature),
         )
-        return sample_logits, sample(sample_logits, batch), torch.isfinite(sample_logits).all(dim=-1)
+        return sample_logits, sample(sample_logits, batch)
 
     def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],
                  sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> StepOutput:

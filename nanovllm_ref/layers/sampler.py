@@ -41,20 +41,22 @@ class SamplingBatch:
     seeds: torch.Tensor  # (n,) int64
     counters: torch.Tensor  # (n,) int64: the position of the token being sampled
     needs_filter: bool  # any row with top-k or top-p
-    all_greedy: bool = False  # known on the host: skips the noise entirely
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # (n, vocab) -> (n,) int64
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """(n, vocab) logits -> (2, n) int64: the sampled tokens, and 1 where the row's logits are all finite."""
     temp = batch.temperature
-    if batch.all_greedy:
-        return logits.argmax(dim=-1)
-    if batch.needs_filter:
+    finite = None
+    if batch.needs_filter:  # (the filter writes -inf: the finiteness is that of the model's logits)
+        finite = torch.isfinite(logits).all(dim=-1)
         scaled = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]
         logits = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
         temp = torch.where(temp > 0, 1.0, 0.0)  # already scaled; greedy rows keep their argmax
-    keys = row_keys(batch.seeds, batch.counters)
     draw = gumbel_sample if logits.is_cuda else gumbel_sample_reference
-    return draw(logits.contiguous(), temp.contiguous(), keys)
+    out = draw(logits.contiguous(), temp.contiguous(), batch.seeds.contiguous(), batch.counters.contiguous())
+    if finite is not None:
+        out[1] = finite
+    return out
 
 
 def top_logprobs(

@@ -81,27 +81,30 @@ if triton is not None:
         seed = tl.load(seeds_ptr + row)
         # row_keys: int64 -> uint32 casts truncate, i.e. the reference's & 0xFFFFFFFF
         key = _pcg(_pcg((seed ^ (seed >> 32)).to(tl.uint32)) + tl.load(counters_ptr + row).to(tl.uint32))
-        best_val = tl.full((), float("-inf"), tl.float32)
-        best_idx = tl.full((), 2147483647, tl.int32)
-        all_finite = tl.full((), 1, tl.int32)
+        # per-lane running best (a cross-lane reduction per block would cost a shared-memory round trip each);
+        # strict > keeps each lane's earliest index, so the final pick below is the chunk's first maximum
+        best_val = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_idx = tl.full((BLOCK,), 2147483647, tl.int32)
+        finite = tl.full((BLOCK,), 1, tl.int1)
         for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
             x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
-            all_finite &= tl.min(((x == x) & (tl.abs(x) < float("inf"))).to(tl.int32), axis=0)
+            finite &= (x == x) & (tl.abs(x) < float("inf"))
             if temp > 0:  # greedy rows skip the two logs per entry
                 u = ((_pcg(key + offs.to(tl.uint32)) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
                 score = x * inv_t - tl.log(-tl.log(u))
             else:
                 score = x
-            score = tl.where(mask, score, float("-inf"))
-            val, idx = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            better = val > best_val  # strictly: on ties the earlier block keeps its (smaller) index
-            best_idx = tl.where(better, (start + idx).to(tl.int32), best_idx)
-            best_val = tl.where(better, val, best_val)
+            better = mask & (score > best_val)
+            best_idx = tl.where(better, offs, best_idx)
+            best_val = tl.where(better, score, best_val)
+        top = tl.max(best_val, axis=0)
+        first = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
+        all_finite = tl.min(finite.to(tl.int32), axis=0)
         at = row * tl.num_programs(1) + split
-        tl.store(part_val_ptr + at, best_val)
-        tl.store(part_idx_ptr + at, best_idx)
+        tl.store(part_val_ptr + at, top)
+        tl.store(part_idx_ptr + at, first)
         tl.store(part_finite_ptr + at, all_finite)
 
     @triton.jit(do_not_specialize=["num_rows"])  # the batch size changes every step: one compiled variant

@@ -68,7 +68,9 @@ if triton is not None:
         word = ((state >> ((state >> 28) + 4)) ^ state) * 277803737
         return (word >> 22) ^ word
 
-    @triton.jit
+    # the per-row parameters are row views of one packed tensor: their alignment changes with the batch size,
+    # which must not select a new compiled variant mid-run
+    @triton.jit(do_not_specialize=["temp_ptr", "seeds_ptr", "counters_ptr"])
     def _gumbel_argmax_kernel(
         logits_ptr, temp_ptr, seeds_ptr, counters_ptr, part_val_ptr, part_idx_ptr, part_finite_ptr,
         vocab, stride_row, CHUNK: tl.constexpr, BLOCK: tl.constexpr,

@@ -164,7 +164,8 @@ class ModelRunner:
                 n = logits.shape[0]
                 ones = torch.ones(n, device=self.device)
                 zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-                sample(logits, SamplingBatch(ones, zeros, ones, zeros, zeros, needs_filter=False))
+                for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
+                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
         torch.cuda.synchronize()
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:

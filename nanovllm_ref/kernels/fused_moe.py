@@ -72,7 +72,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_pairs"])  # tokens x top_k changes every step: one compiled variant
     def _moe_gemm_kernel(
         a_ptr, w_ptr, c_ptr, sorted_pairs_ptr, block_expert_ptr, weights_ptr,
         N, K, num_pairs, a_row_div,  # A row of pair p is p // a_row_div (top_k for gate_up, 1 for down)

@@ -73,7 +73,9 @@ def prefill_attention_reference(
 
 if triton is not None:
 
-    @triton.jit
+    # stride_bt is the widest block table of the step: specializing on it (== 1, % 16) would compile new
+    # variants mid-run as prompt lengths change
+    @triton.jit(do_not_specialize=["stride_bt"])
     def _prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
         qk_scale,

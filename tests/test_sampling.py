@@ -144,4 +144,4 @@ def test_sample_flags_non_finite_rows_on_every_path():
                               needs_filter=top_k > 0)
         out = sample(logits.clone(), batch)
         assert out[1].tolist() == [1, 0, 1], (top_k, temperature)
-        assert out[0, 0] in logits[0].topk(max(top_k, 1) if top_k > 0 else 50).indices
+        assert out[0, 0] in logits[0].topk(top_k if top_k > 0 else 50).indices

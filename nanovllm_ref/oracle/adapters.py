@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from .compare import EngineOutput
+from .requests import Completion, RequestSpec, UnsupportedSetting
 
 # name -> "module:factory"; the factory is called with (model_path, dtype, **kwargs).
 ADAPTERS: dict[str, str] = {
@@ -76,6 +77,28 @@ class NanovllmRefAdapter:
                 raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
         return [EngineOutput(list(o.token_ids), list(o.logprobs or []), o.prompt_logprobs, o.num_cached_tokens)
                 for o in outs]
+
+    def run_requests(self, requests: list[RequestSpec]) -> list[list[Completion]]:
+        """Requests with their own settings, all submitted together (see oracle/requests.py)."""
+        import dataclasses
+
+        from nanovllm_ref import SamplingParams
+
+        known = {f.name for f in dataclasses.fields(SamplingParams)}
+        params = []
+        for r in requests:
+            unknown = sorted(set(r.params) - known)
+            if unknown:
+                raise UnsupportedSetting(f"nanovllm_ref's SamplingParams has no {unknown}")
+            params.append(SamplingParams(**r.params))
+        outs = self.llm.generate([list(r.prompt) for r in requests], params, use_tqdm=False)
+        results = []
+        for o in outs:
+            if o.error is not None:
+                raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
+            results.append([Completion(list(o.token_ids), o.finish_reason, o.logprobs, o.prompt_logprobs,
+                                       o.num_cached_tokens, o.text)])
+        return results
 
     @property
     def num_preemptions(self) -> int:

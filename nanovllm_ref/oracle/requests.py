@@ -1,0 +1,68 @@
+"""Request-level engine calls: per-request sampling settings, finish reasons and text (optional for adapters).
+
+The greedy ``EngineAdapter.generate`` call is all that ``test_golden`` needs. Cases that compare what a
+request *does* (stops on EOS or a stop token, several logprobs counts in one batch, sampling settings, ``n``)
+need each request's own settings. An adapter that implements ``run_requests`` takes part in them; one that
+does not is skipped there with the reason, and still runs every greedy case.
+
+Settings use vLLM's ``SamplingParams`` names (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
+``max_tokens``, ``ignore_eos``, ``stop_token_ids``, ``stop``, ``logprobs``, ``prompt_logprobs``, ``n``,
+``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_tokens``, ``logit_bias``, ...), so
+an adapter for vLLM passes them through unchanged. An engine that does not support a setting raises
+:class:`UnsupportedSetting` naming it; the case that needs it is then skipped with that message, never passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+LogprobDict = dict[int, float]
+
+
+class UnsupportedSetting(Exception):
+    """The engine cannot honour a request setting (the message names it)."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: a token-id prompt and its settings (vLLM ``SamplingParams`` keyword names)."""
+
+    prompt: list[int]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One completion of a request (a request with ``n`` > 1 has n of them).
+
+    Attributes:
+        token_ids: generated tokens, the stop token included when the request stopped on one (vLLM's
+            ``token_ids`` also keep a stop token id; a stop *string* is trimmed from ``text`` only).
+        finish_reason: ``"stop"`` (EOS, a stop token or a stop string) or ``"length"`` (max_tokens or
+            max_model_len).
+        logprobs: per generated token ``{token_id: logprob}`` (top-``logprobs`` plus the sampled token), or
+            None when not asked for.
+        prompt_logprobs: as in :class:`~nanovllm_ref.oracle.compare.EngineOutput`, or None.
+        text: the detokenized output, when the engine has a tokenizer for the checkpoint.
+    """
+
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[LogprobDict] | None = None
+    prompt_logprobs: list[LogprobDict | None] | None = None
+    num_cached_tokens: int | None = None
+    text: str | None = None
+
+
+@runtime_checkable
+class RequestEngine(Protocol):
+    """An adapter that also runs requests with their own settings, all submitted together (one batch)."""
+
+    def run_requests(self, requests: list[RequestSpec]) -> list[list[Completion]]:
+        """One list of completions per request, in order (length ``params.get("n", 1)``)."""
+        ...
+
+
+def supports_requests(adapter: object) -> bool:
+    return callable(getattr(adapter, "run_requests", None))

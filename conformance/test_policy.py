@@ -96,3 +96,50 @@ def test_moe_noise_is_pooled_apart() -> None:
     assert measured_noise(manifest, "bfloat16", "dense") == (0.3, 0.3)
     assert measured_noise(manifest, "bfloat16", "moe") == (2.0, 2.0)
     assert golden_tolerance("bfloat16", manifest, "moe").tol == NOISE_FACTOR * 2.0
+
+
+def test_tokens_only_mode_compares_tokens_and_the_divergence_against_the_reference_top_k() -> None:
+    """For engines without logprobs: equal tokens match; a first differing token inside the reference's top-k
+    passes as a divergence; one outside it, or a short output, fails naming prompt and step; no values."""
+    from nanovllm_ref.oracle.compare import TOKENS_ONLY
+
+    ref = out([1, 1, 1], [STEP, STEP, STEP], prompt=[None, {1: -0.1}])
+    same = EngineOutput([1, 1, 1], [], None)
+    r = compare_outputs(ref, same, top_k=3, tol=1e-6, prompt_tol=1e-6, prompt_id="p", tokens_only=True)
+    assert r.status == MATCH and r.mode == TOKENS_ONLY and "tokens-only" in r.message
+    near = EngineOutput([1, 2, 5], [], None)  # token 2 is rank 2 of the reference: a near tie
+    r = compare_outputs(ref, near, top_k=3, tol=1e-6, prompt_tol=None, tokens_only=True)
+    assert r.status == DIVERGED_OK and r.first_divergence == 1
+    far = EngineOutput([1, 9, 9], [], None)
+    r = compare_outputs(ref, far, top_k=3, tol=1e-6, prompt_tol=None, prompt_id="p4", tokens_only=True)
+    assert r.status == FAIL and r.message.startswith("[p4] FAIL: gen step 1: tokens differ")
+    assert "outside the reference's top-3" in r.message and "candidate: no logprobs" in r.message
+    assert compare_outputs(ref, near, top_k=1, tol=1e-6, prompt_tol=None, tokens_only=True).status == FAIL
+    short = EngineOutput([1, 1], [], None)
+    assert compare_outputs(ref, short, top_k=3, tol=1e-6, prompt_tol=None, tokens_only=True).status == FAIL
+    strict = compare_outputs(ref, near, top_k=3, tol=1e-6, prompt_tol=None, allow_divergence=False, tokens_only=True)
+    assert strict.status == FAIL
+    # the same candidate without tokens-only fails for its missing logprobs: the mode must be chosen
+    assert compare_outputs(ref, same, top_k=3, tol=1e-6, prompt_tol=None).status == FAIL
+
+
+def test_run_check_selects_tokens_only_for_an_adapter_without_logprobs() -> None:
+    from nanovllm_ref.oracle.compare import TOKENS_ONLY
+    from nanovllm_ref.oracle.references import Reference, run_check
+    from nanovllm_ref.oracle.tolerances import golden_tolerance
+
+    ref = Reference("m", "", "float32", [[5, 6]], ["p0"], [out([1, 1], [STEP, STEP], prompt=[None, {6: -1.0}])])
+
+    class NoLogprobs:
+        name, returns_logprobs = "tokens", False
+
+        def generate(self, prompts, max_tokens, top_k, prompt_logprobs):
+            return [EngineOutput([1, 2], [], None)]
+
+        def close(self) -> None:
+            pass
+
+    report = run_check(NoLogprobs(), ref, golden_tolerance("float32"))
+    assert report.passed and report.meta["mode"] == TOKENS_ONLY
+    table = report.summary_table("model")
+    assert list(table["mode"]) == [TOKENS_ONLY] and int(table["diverged_ok"].iloc[0]) == 1

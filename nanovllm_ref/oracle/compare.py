@@ -15,6 +15,9 @@ in the spirit of SGLang's ``check_close_model_outputs`` (``sglang/test/runners.p
 * Prompt logprobs (teacher forced, no divergence possible) must agree the same way within ``prompt_tol``,
   and (given the prompts) every position's dict must hold the actual prompt token, as vLLM's do.
 * A candidate that stops early or lacks the (prompt) logprobs the reference has fails.
+* Tokens-only mode (``tokens_only=True``), for engines that return no logprobs (nano-vllm's API, servers
+  without logprobs): tokens must be equal, and at the first divergence the candidate's token must be in the
+  reference's top-k (the only side with a top-k); no values are compared. Reports say ``mode: tokens-only``.
 
 Example::
 
@@ -31,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .report import DIVERGED_OK, FAIL, MATCH, ConformanceReport, PromptReport
+from .report import DIVERGED_OK, FAIL, MATCH, TOKENS_ONLY, ConformanceReport, PromptReport
 
 __all__ = [
-    "DIVERGED_OK", "FAIL", "MATCH", "ConformanceReport", "EngineOutput", "PromptReport", "compare_all",
+    "DIVERGED_OK", "FAIL", "MATCH", "TOKENS_ONLY", "ConformanceReport", "EngineOutput", "PromptReport", "compare_all",
     "compare_outputs", "describe_token",
 ]
 LogprobDict = dict[int, float]
@@ -85,7 +88,9 @@ def _kth_value(d: LogprobDict, k: int) -> float | None:
 
 
 def _side(d: LogprobDict | None, tok: int) -> str:
-    if not d or tok not in d:
+    if d is None:
+        return "no logprobs"
+    if tok not in d:
         return "absent from top-k"
     return f"lp={d[tok]:.6g} rank {_ranked(d).index(tok) + 1}"
 
@@ -140,6 +145,7 @@ def compare_outputs(
     prompt_id: str = "",
     allow_divergence: bool = True,
     prompt: Sequence[int] | None = None,
+    tokens_only: bool = False,
 ) -> PromptReport:
     """Compare one prompt's candidate generation to the reference (see the module docstring for the policy).
 
@@ -153,6 +159,13 @@ def compare_outputs(
     first_div: int | None = None
     matched = 0
     for i in range(min(len(ref.token_ids), len(cand.token_ids))):
+        if tokens_only:
+            if ref.token_ids[i] != cand.token_ids[i]:
+                first_div = i
+                _tokens_only_divergence(chk, i, ref, cand.token_ids[i], top_k, allow_divergence)
+                break
+            matched += 1
+            continue
         if i >= len(ref.topk) or i >= len(cand.topk):
             chk.failures.append(f"gen step {i}: missing logprobs (reference has {len(ref.topk)} steps, "
                                 f"candidate {len(cand.topk)})")
@@ -174,9 +187,24 @@ def compare_outputs(
     if first_div is None and len(ref.token_ids) != len(cand.token_ids):
         chk.failures.insert(0, f"length mismatch: reference generated {len(ref.token_ids)} tokens, "
                                f"candidate {len(cand.token_ids)} (all {matched} shared tokens are equal)")
-    if prompt_tol is not None and ref.prompt_logprobs is not None:
+    if prompt_tol is not None and ref.prompt_logprobs is not None and not tokens_only:
         _check_prompt(chk, ref.prompt_logprobs, cand.prompt_logprobs, prompt_tol, prompt)
-    return _make_report(prompt_id, chk, ref, matched, first_div, top_k)
+    report = _make_report(prompt_id, chk, ref, matched, first_div, top_k)
+    if tokens_only:
+        report.mode = TOKENS_ONLY
+        report.message += " (tokens-only: no logprobs compared)"
+    return report
+
+
+def _tokens_only_divergence(chk: _Checker, i: int, ref: EngineOutput, ct: int, top_k: int, allow: bool) -> None:
+    """The first differing token of a candidate without logprobs: it must be in the reference's top-k."""
+    r_d = ref.topk[i] if i < len(ref.topk) else {}
+    what = (f"gen step {i}: tokens differ: reference {describe_token(ref.token_ids[i], r_d, None)} vs "
+            f"candidate {describe_token(ct, r_d, None)}")
+    if not allow:
+        chk.failures.insert(0, what + " (tokens must be exact here)")
+    elif ct not in _top(r_d, top_k):
+        chk.failures.insert(0, what + f": the candidate's token is outside the reference's top-{top_k}")
 
 
 def _check_prompt(
@@ -246,16 +274,19 @@ def compare_all(
     engine: str = "",
     case: str = "",
     meta: dict[str, Any] | None = None,
+    tokens_only: bool = False,
 ) -> ConformanceReport:
     """:func:`compare_outputs` for every prompt (``prompts``: their token ids, to check the actual prompt tokens
-    in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows."""
+    in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows; ``tokens_only``: the
+    policy for candidates without logprobs (module docstring)."""
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference outputs but {len(candidate)} candidate outputs")
     ids = list(prompt_ids) if prompt_ids is not None else [f"prompt_{i}" for i in range(len(reference))]
     report = ConformanceReport(meta=dict(meta or {}))
     for i, (pid, r, c) in enumerate(zip(ids, reference, candidate)):
         p = compare_outputs(r, c, top_k=top_k, tol=tol, prompt_tol=prompt_tol, prompt_id=pid,
-                            allow_divergence=allow_divergence, prompt=prompts[i] if prompts is not None else None)
+                            allow_divergence=allow_divergence, prompt=prompts[i] if prompts is not None else None,
+                            tokens_only=tokens_only)
         p.model, p.dtype, p.engine, p.case = model, dtype, engine, case
         report.prompts.append(p)
     return report

@@ -97,8 +97,10 @@ def run_check(
     """Generate the reference prompts with ``adapter`` (all submitted at once) and compare.
 
     Pass ``outputs`` to compare already generated outputs instead. ``prompt_logprobs=False`` neither requests
-    nor compares prompt logprobs (e.g. to let a prefix cache serve the prompts).
+    nor compares prompt logprobs (e.g. to let a prefix cache serve the prompts). An adapter whose
+    ``returns_logprobs`` is False is compared in the policy's tokens-only mode (compare.py).
     """
+    tokens_only = not getattr(adapter, "returns_logprobs", True)
     if outputs is None:
         outputs = adapter.generate(ref.prompts, ref.max_tokens, ref.top_k, prompt_logprobs)
     return compare_all(
@@ -106,5 +108,7 @@ def run_check(
         prompt_tol=tolerance.prompt_tol if prompt_logprobs else None, prompt_ids=ref.prompt_ids,
         allow_divergence=allow_divergence, prompts=ref.prompts, model=ref.model, dtype=ref.dtype,
         engine=getattr(adapter, "name", type(adapter).__name__), case=case,
-        meta={"reference": ref.source, "tolerance": tolerance.as_dict()},
+        meta={"reference": ref.source, "tolerance": tolerance.as_dict(),
+              "mode": "tokens-only" if tokens_only else "logprobs"},
+        tokens_only=tokens_only,
     )

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MATCH, DIVERGED_OK, FAIL = "match", "diverged-ok", "fail"
+LOGPROBS, TOKENS_ONLY = "logprobs", "tokens-only"  # the policy's modes (compare.py)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class PromptReport:
     dtype: str = ""
     engine: str = ""
     case: str = ""
+    mode: str = LOGPROBS  # "tokens-only" for an engine without logprobs
 
     @property
     def passed(self) -> bool:
@@ -78,11 +80,12 @@ class ConformanceReport:
         import pandas as pd
 
         rows = [{
-            "model": p.model, "dtype": p.dtype, "engine": p.engine, "case": p.case, "prompt": p.prompt_id,
+            "model": p.model, "dtype": p.dtype, "engine": p.engine, "case": p.case, "mode": p.mode,
+            "prompt": p.prompt_id,
             "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
             "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where,
         } for p in self.prompts]
-        df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "prompt", "status", "matched",
+        df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "mode", "prompt", "status", "matched",
                                          "first_div", "max_dlogprob", "where"])
         df["first_div"] = df["first_div"].astype("Int64")
         if per == "prompt" or df.empty:
@@ -90,11 +93,11 @@ class ConformanceReport:
         if per != "model":
             raise ValueError(f"per must be 'prompt' or 'model', got {per!r}")
         out = []
-        for key, g in df.groupby(["model", "dtype", "engine", "case"], sort=False):
+        for key, g in df.groupby(["model", "dtype", "engine", "case", "mode"], sort=False):
             worst = g["max_dlogprob"].idxmax()
             where = f"{g.loc[worst, 'prompt']}: {g.loc[worst, 'where']}" if g.loc[worst, "where"] else "-"
             counts = g["status"].value_counts()
-            out.append({**dict(zip(["model", "dtype", "engine", "case"], key)), "prompts": len(g),
+            out.append({**dict(zip(["model", "dtype", "engine", "case", "mode"], key)), "prompts": len(g),
                         "match": int(counts.get(MATCH, 0)), "diverged_ok": int(counts.get(DIVERGED_OK, 0)),
                         "fail": int(counts.get(FAIL, 0)), "max_dlogprob": g.loc[worst, "max_dlogprob"],
                         "where": where})

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nanovllm_ref.oracle.pytest_plugin import record_report
+from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report
 
 from .harness import EnginePool, Options, ReferencePool, selected_models
 
@@ -62,7 +62,7 @@ def _torch_threads(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch)
 def options(pytestconfig: pytest.Config) -> Options:
     return Options(pytestconfig.getoption("--engine"), pytestconfig.getoption("--reference"),
                    pytestconfig.getoption("--tp"), pytestconfig.getoption("--tol"),
-                   pytestconfig.getoption("--prompt-tol"))
+                   pytestconfig.getoption("--prompt-tol"), engine_args(pytestconfig))
 
 
 @pytest.fixture(scope="session")

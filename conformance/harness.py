@@ -30,6 +30,7 @@ class Options:
     tp: int
     tol: float | None
     prompt_tol: float | None
+    engine_args: tuple[tuple[str, Any], ...] = ()  # --engine-arg KEY=VALUE, for the engine's factory
 
 
 def selected_models(config: pytest.Config) -> list[ModelSpec]:
@@ -67,7 +68,8 @@ def tolerance_for(dtype: str, options: Options, ref: Reference | None = None) ->
 
 
 class EnginePool:
-    """Engines built once per (engine, model, dtype, settings), reused across tests, closed at session end."""
+    """Engines built once per (engine, model, dtype, settings) and reused; only one is alive at a time (building
+    another closes it first: an external engine holds processes and memory), and outputs are memoized."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -75,10 +77,11 @@ class EnginePool:
         self.outputs: dict[tuple, list[EngineOutput]] = {}
 
     def engine_kwargs(self, **extra: Any) -> dict[str, Any]:
-        """``extra`` plus --tp for nanovllm_ref (``tensor_parallel_size=1`` is the default, so left out)."""
+        """--engine-arg settings, then ``extra``, plus --tp for nanovllm_ref (``tensor_parallel_size=1`` is the
+        default, so left out)."""
         if self.options.engine != "nanovllm_ref":
-            return extra
-        kwargs = {"tensor_parallel_size": self.options.tp, **extra}
+            return {**dict(self.options.engine_args), **extra}
+        kwargs = {"tensor_parallel_size": self.options.tp, **dict(self.options.engine_args), **extra}
         if kwargs["tensor_parallel_size"] == 1:
             del kwargs["tensor_parallel_size"]
         return kwargs
@@ -87,6 +90,7 @@ class EnginePool:
         kwargs = self.engine_kwargs(**extra)
         key = (self.options.engine, model.path, dtype, tuple(sorted(kwargs.items())))
         if key not in self.adapters:
+            self.close()
             self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
         return self.adapters[key]
 

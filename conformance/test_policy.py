@@ -143,3 +143,19 @@ def test_run_check_selects_tokens_only_for_an_adapter_without_logprobs() -> None
     assert report.passed and report.meta["mode"] == TOKENS_ONLY
     table = report.summary_table("model")
     assert list(table["mode"]) == [TOKENS_ONLY] and int(table["diverged_ok"].iloc[0]) == 1
+
+
+def test_ids_from_text_follows_the_reference_not_a_re_tokenization() -> None:
+    """A text-only answer: "ab" re-tokenizes to the merged token 3, but the engine generated 1, 2."""
+    from nanovllm_ref.oracle.compare import ids_from_text
+
+    pieces = {1: "a", 2: "b", 3: "ab", 4: "c", 5: "d", 6: "e"}
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    ref = out([1, 2, 4], [{1: -0.1, 3: -2.0}, {2: -0.1}, {4: -0.1, 5: -0.2, 6: -9.0}])
+    assert ids_from_text("abc", ref, decode, top_k=2) == [1, 2, 4]
+    assert ids_from_text("abd", ref, decode, top_k=2) == [1, 2, 5]  # diverged to the rank-2 token
+    assert ids_from_text("abe", ref, decode, top_k=2) == [1, 2, -1]  # "e" is rank 3: outside the top-2
+    assert ids_from_text("ab", ref, decode, top_k=2) == [1, 2]  # stopped early: a length mismatch follows
+    r = compare_outputs(ref, EngineOutput([1, 2, -1], [], None), top_k=2, tol=1e-6, prompt_tol=None,
+                        prompt_id="p", tokens_only=True)
+    assert r.status == FAIL and "gen step 2" in r.message

@@ -7,7 +7,11 @@ SGLang return them by default.
 
 Built-ins: ``nanovllm_ref`` (:class:`NanovllmRefAdapter`), ``hf`` (:class:`HFAdapter`, transformers with
 eager attention, one prompt at a time: the same arithmetic as the goldens, and the live reference), ``vllm``
-and ``sglang`` (their offline engines, external_adapters.py) and ``openai:URL`` (openai_adapter.py).
+and ``sglang`` (their offline engines, external_adapters.py), and servers by URL (:data:`SERVER_ADAPTERS`):
+``openai:URL`` and ``trtllm:URL`` (openai_adapter.py), ``tgi:URL``, ``sglang:URL``, ``ollama:URL``
+(server_adapters.py), each checking that the server runs ``--model`` in ``--dtype`` (served.py).
+An adapter without logprobs says ``returns_logprobs = False`` (the policy's tokens-only mode), one without
+prompt logprobs ``returns_prompt_logprobs = False``.
 Third-party engines plug in as ``"pkg.module:factory"``, a callable taking ``(model_path, dtype)`` and
 returning an :class:`EngineAdapter`; or add a name to :data:`ADAPTERS`.
 """
@@ -28,7 +32,14 @@ ADAPTERS: dict[str, str] = {
     "hf": "nanovllm_ref.oracle.adapters:HFAdapter",
     "vllm": "nanovllm_ref.oracle.external_adapters:VLLMAdapter",  # needs `pip install vllm`
     "sglang": "nanovllm_ref.oracle.external_adapters:SGLangAdapter",  # needs `pip install sglang`
-    # "openai:<base url>" (any OpenAI-compatible server) is resolved by load_adapter
+}
+# "<prefix>:<server url>" -> "module:class", called with (url, model_path, dtype, **kwargs)
+SERVER_ADAPTERS: dict[str, str] = {
+    "openai": "nanovllm_ref.oracle.openai_adapter:OpenAIAdapter",  # vLLM, SGLang, nanovllm_ref.serve
+    "trtllm": "nanovllm_ref.oracle.openai_adapter:TrtllmAdapter",  # TensorRT-LLM's trtllm-serve
+    "tgi": "nanovllm_ref.oracle.server_adapters:TGIAdapter",  # Hugging Face text-generation-inference
+    "sglang": "nanovllm_ref.oracle.server_adapters:SGLangHTTPAdapter",  # SGLang's native /generate
+    "ollama": "nanovllm_ref.oracle.server_adapters:OllamaAdapter",
 }
 
 
@@ -199,13 +210,14 @@ def resolve_factory(spec: str) -> Callable[..., EngineAdapter]:
 
 
 def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdapter:
-    """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, or
-    "pkg.module:factory") for the checkpoint ``model`` in ``dtype``; ``kwargs`` go to the factory."""
-    if spec.startswith("openai:"):  # the server decides model and dtype; the URL is all we need
-        from .openai_adapter import OpenAIAdapter
-
-        return OpenAIAdapter(spec[len("openai:"):])
-    adapter = resolve_factory(spec)(model, dtype, **kwargs)
+    """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, "PREFIX:URL" with
+    a key of :data:`SERVER_ADAPTERS`, or "pkg.module:factory") for the checkpoint ``model`` in ``dtype``;
+    ``kwargs`` go to the factory."""
+    prefix, _, url = spec.partition(":")
+    if prefix in SERVER_ADAPTERS and url.startswith(("http://", "https://")):
+        adapter = resolve_factory(SERVER_ADAPTERS[prefix])(url, model, dtype, **kwargs)
+    else:
+        adapter = resolve_factory(spec)(model, dtype, **kwargs)
     missing = [a for a in ("name", "generate", "close") if not hasattr(adapter, a)]
     if missing:
         raise TypeError(f"engine {spec!r} returned {type(adapter).__name__}, which lacks {missing}")

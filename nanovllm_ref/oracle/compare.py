@@ -54,12 +54,15 @@ class EngineOutput:
         prompt_logprobs: per prompt position ``{token_id: logprob}`` (top-k plus the actual prompt token),
             ``None`` at position 0; ``None`` as a whole when not computed.
         num_cached_tokens: prompt tokens served from a prefix cache, when the engine reports it.
+        text: the generated text, for an engine that answers text only (``token_ids`` empty): the ids are
+            then recovered against the reference by :func:`ids_from_text`.
     """
 
     token_ids: list[int]
     topk: list[LogprobDict]
     prompt_logprobs: list[LogprobDict | None] | None = None
     num_cached_tokens: int | None = None
+    text: str | None = None
 
     @classmethod
     def coerce(cls, obj: Any) -> EngineOutput:
@@ -194,6 +197,27 @@ def compare_outputs(
         report.mode = TOKENS_ONLY
         report.message += " (tokens-only: no logprobs compared)"
     return report
+
+
+def ids_from_text(text: str, reference: Any, decode: Any, top_k: int) -> list[int]:
+    """The generated ids of a text-only answer, recovered along the reference (re-tokenizing the text would
+    merge tokens differently): while the text continues the reference's decoded tokens, the ids are the
+    reference's; at the first step where it does not, the id is the reference top-k token whose text continues
+    it (the longest such), else -1 (a token outside the top-k), and recovery stops there, as the comparison does.
+    ``decode(ids) -> str`` is the checkpoint's tokenizer; a trailing incomplete character is ignored."""
+    ref = EngineOutput.coerce(reference)
+    ids: list[int] = []
+    for i, tok in enumerate(ref.token_ids):
+        before, upto = decode(ref.token_ids[:i]), decode(ref.token_ids[:i + 1])
+        if before == text and upto != before:  # the text ended before this step: the engine stopped
+            return ids
+        if text.startswith(upto.rstrip("\ufffd")):
+            ids.append(tok)
+            continue
+        fits = [(len(decode(ref.token_ids[:i] + [t])), t) for t in _top(ref.topk[i], top_k)
+                if text.startswith(decode(ref.token_ids[:i] + [t]).rstrip("\ufffd"))]
+        return ids + [max(fits)[1] if fits else -1]
+    return ids
 
 
 def _tokens_only_divergence(chk: _Checker, i: int, ref: EngineOutput, ct: int, top_k: int, allow: bool) -> None:

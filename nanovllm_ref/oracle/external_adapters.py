@@ -122,7 +122,15 @@ class VLLMAdapter:
         return [vllm_output_to_engine_output(o) for o in outs]
 
     def close(self) -> None:
-        self.llm = None
+        """Shut vLLM's engine down now (its engine-core process and memory), not at interpreter exit."""
+        import gc
+
+        llm, self.llm = self.llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        del llm
+        gc.collect()
 
 
 class SGLangAdapter:

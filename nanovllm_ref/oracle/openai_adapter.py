@@ -1,17 +1,36 @@
-"""An adapter for any OpenAI-compatible server (`--engine openai:http://127.0.0.1:8000/v1`).
+"""Adapters for OpenAI-compatible servers: ``--engine openai:URL`` (vLLM, SGLang, nanovllm_ref's server) and
+``--engine trtllm:URL`` (TensorRT-LLM's ``trtllm-serve``), URL being the ``.../v1`` base.
 
-Sends token-id prompts to `/v1/completions` with greedy settings, `logprobs=k`, vLLM's `ignore_eos` and
-`return_tokens_as_token_ids` extensions (so top-k keys come back as "token_id:N"), and `prompt_logprobs`
-when asked. Works against vLLM, SGLang (which accept the same extensions) and `nanovllm_ref.serve`.
+``openai``: token-id prompts to ``/v1/completions`` with greedy settings, ``logprobs=k`` and vLLM's extensions
+``ignore_eos``, ``return_tokens_as_token_ids`` (top-k keys come back as "token_id:N") and ``prompt_logprobs``;
+all prompts are in flight at once, so the server batches them. Before any request the adapter checks what the
+server runs (served.py): ``/v1/models`` (``id``, vLLM's ``root`` = the checkpoint path; nanovllm_ref's server
+also ``dtype`` and ``config``) and, when vLLM runs with ``VLLM_SERVER_DEV_MODE=1``, ``/server_info`` (its
+``model_config.dtype``). ``num_cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens`` when the server
+reports it (vLLM: ``--enable-prompt-tokens-details``), else None. The real server::
+
+    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CKPT --dtype float32 \\
+        --host 127.0.0.1 --port 8000 --enable-prompt-tokens-details
+    pytest --pyargs conformance --engine openai:http://127.0.0.1:8000/v1 --model CKPT --dtype float32
+
+``trtllm``: ``trtllm-serve CKPT --host 127.0.0.1 --port 8000 --backend pytorch`` (then ``--engine
+trtllm:http://127.0.0.1:8000/v1 --engine-arg server_dtype=bfloat16``). Its CompletionRequest forbids unknown
+fields, so only its own are sent: ``prompt`` (ids), ``temperature=0``, ``ignore_eos``, ``logprobs=k``
+(the pytorch backend returns top-k), ``detokenize=false`` (so ``token_ids`` come back). Its top-logprob keys
+are token *texts*, mapped back to ids with the checkpoint's tokenizer (ambiguous texts dropped from the
+dict, which only weakens the absent-token check). It returns no prompt logprobs and does not say its dtype.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
 
 from .compare import EngineOutput
+from .served import ServedFacts, TokenTexts, check_served, http_json, normalize_dtype, try_json
+
+MAX_IN_FLIGHT = 32
 
 
 def _token_id(key: str) -> int:
@@ -21,45 +40,111 @@ def _token_id(key: str) -> int:
     return int(key.split(":", 1)[1])
 
 
+def _value(v: object) -> float:
+    return float(v["logprob"]) if isinstance(v, dict) else float(v)  # vLLM nests {"logprob": x, ...}
+
+
+def cached_tokens(usage: dict | None) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` when the server reports it, else None (unknown)."""
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens")
+    return int(value) if value is not None else None
+
+
+def vllm_server_facts(base_url: str) -> ServedFacts:
+    """What an OpenAI-compatible server says it runs: ``/v1/models`` and, for vLLM in dev mode, ``/server_info``."""
+    card = http_json(f"{base_url}/models", timeout_s=30)["data"][0]
+    names = [card["id"], card.get("root") or ""]
+    dtype, config, source = normalize_dtype(card.get("dtype")), dict(card.get("config") or {}), "/v1/models"
+    origin = "{0.scheme}://{0.netloc}".format(urlsplit(base_url))
+    info = try_json(f"{origin}/server_info?config_format=json")
+    model_config = ((info or {}).get("vllm_config") or {}).get("model_config") if isinstance(info, dict) else None
+    if isinstance(model_config, dict):
+        dtype = dtype or normalize_dtype(model_config.get("dtype"))
+        names.append(str(model_config.get("model") or ""))
+        source += ", /server_info"
+    return ServedFacts(base_url, tuple(n for n in names if n), dtype, config, source)
+
+
 class OpenAIAdapter:
+    """``openai:URL`` (module docstring). ``served_model``: the name to request when the server serves the
+    checkpoint under another name; ``server_dtype``: vouch for the dtype of a server that does not say it."""
+
     name = "openai"
+    returns_logprobs = True
+    returns_prompt_logprobs = True
 
-    def __init__(self, base_url: str, model: str = "", timeout_s: float = 600.0) -> None:
-        self.base_url, self.model, self.timeout_s = base_url.rstrip("/"), model, timeout_s
-        if not self.model:
-            with urllib.request.urlopen(f"{self.base_url}/models", timeout=30) as r:
-                self.model = json.load(r)["data"][0]["id"]
+    def __init__(self, base_url: str, model_path: str, dtype: str, *, served_model: str = "",
+                 server_dtype: str = "", timeout_s: float = 600.0) -> None:
+        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+        facts = self._facts()
+        check_served(facts, model_path, dtype, served_model=served_model, server_dtype=server_dtype)
+        self.model = served_model or facts.names[0]
+        self.model_path = model_path
 
-    def _post(self, payload: dict) -> dict:
-        req = urllib.request.Request(f"{self.base_url}/completions", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"{self.base_url}/completions answered HTTP {e.code}: {e.read()[:500]!r}") from None
+    def _facts(self) -> ServedFacts:
+        return vllm_server_facts(self.base_url)
+
+    def _payload(self, prompt: list[int], max_tokens: int, top_k: int, prompt_logprobs: bool) -> dict:
+        payload = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,
+                   "logprobs": top_k, "ignore_eos": True, "return_tokens_as_token_ids": True}
+        if prompt_logprobs:
+            payload["prompt_logprobs"] = top_k
+        return payload
+
+    def _one(self, prompt: list[int], max_tokens: int, top_k: int, prompt_logprobs: bool) -> EngineOutput:
+        body = http_json(f"{self.base_url}/completions", self._payload(prompt, max_tokens, top_k, prompt_logprobs),
+                         self.timeout_s)
+        return self._convert(body["choices"][0], body.get("usage"))
+
+    def _convert(self, choice: dict, usage: dict | None) -> EngineOutput:
+        lp = choice["logprobs"]
+        tokens = choice.get("token_ids") or [_token_id(t) for t in lp["tokens"]]
+        topk = [{_token_id(k): v for k, v in step.items()} for step in lp["top_logprobs"]]
+        plp = choice.get("prompt_logprobs")
+        if plp is not None:
+            plp = [None if d is None else {int(k.split(":")[-1]): _value(v) for k, v in d.items()} for d in plp]
+        return EngineOutput(list(tokens), topk, plp, cached_tokens(usage))
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,
                  prompt_logprobs: bool) -> list[EngineOutput]:
-        outs = []
-        for prompt in prompts:
-            payload = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,
-                       "logprobs": top_k, "ignore_eos": True, "return_tokens_as_token_ids": True}
-            if prompt_logprobs:
-                payload["prompt_logprobs"] = top_k
-            choice = self._post(payload)["choices"][0]
-            lp = choice["logprobs"]
-            tokens = choice.get("token_ids") or [_token_id(t) for t in lp["tokens"]]
-            topk = [{_token_id(k): v for k, v in step.items()} for step in lp["top_logprobs"]]
-            plp = choice.get("prompt_logprobs")
-            if plp is not None:
-                plp = [None if d is None else {int(k.split(":")[-1]): _value(v) for k, v in d.items()} for d in plp]
-            outs.append(EngineOutput(list(tokens), topk, plp, 0))
-        return outs
+        """All prompts in flight at once (the server batches them), results in prompt order."""
+        return in_flight(lambda p: self._one(p, max_tokens, top_k, prompt_logprobs), prompts)
 
     def close(self) -> None:
-        pass
+        pass  # the server belongs to whoever started it
 
 
-def _value(v: object) -> float:
-    return float(v["logprob"]) if isinstance(v, dict) else float(v)  # vLLM nests {"logprob": x, ...}
+class TrtllmAdapter(OpenAIAdapter):
+    """``trtllm:URL``: TensorRT-LLM's ``trtllm-serve`` through its OpenAI route (module docstring)."""
+
+    name = "trtllm"
+    returns_prompt_logprobs = False
+
+    def __init__(self, base_url: str, model_path: str, dtype: str, **kwargs: Any) -> None:
+        super().__init__(base_url, model_path, dtype, **kwargs)
+        self.texts = TokenTexts(model_path)
+
+    def _facts(self) -> ServedFacts:
+        card = http_json(f"{self.base_url}/models", timeout_s=30)["data"][0]
+        return ServedFacts(self.base_url, (card["id"],), None, {}, "/v1/models")
+
+    def _payload(self, prompt: list[int], max_tokens: int, top_k: int, prompt_logprobs: bool) -> dict:
+        return {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "logprobs": top_k, "detokenize": False}
+
+    def _convert(self, choice: dict, usage: dict | None) -> EngineOutput:
+        tokens = [int(t) for t in choice["token_ids"]]
+        lp = choice["logprobs"]
+        topk = []
+        for tok, chosen, step in zip(tokens, lp["token_logprobs"], lp["top_logprobs"]):
+            d = {tid: float(v) for text, v in step.items() if (tid := self.texts.to_id(text)) is not None}
+            d[tok] = float(chosen)  # the sampled token's own logprob, by id
+            topk.append(d)
+        return EngineOutput(tokens, topk, None, cached_tokens(usage))
+
+
+def in_flight(fn: Any, items: list) -> list:
+    """``[fn(x) for x in items]`` with up to MAX_IN_FLIGHT calls at once, in order; the first error raises."""
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(items)))) as pool:
+        return list(pool.map(fn, items))

@@ -1,9 +1,10 @@
 """pytest plugin of the conformance suite, registered through the ``pytest11`` entry point ``nanovllm_ref``.
 
 It holds what must exist before pytest collects anything, whichever directory it starts from: the
-conformance options (``--engine``, ``--model``, ``--reference``, ``--dtype``, ``--tp``, ``--report``, ``--tol``,
-``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of recorded reports and the
-end-of-run summary with the JSON report. The suite's fixtures stay in ``conformance/conftest.py``.
+conformance options (``--engine``, ``--engine-arg``, ``--model``, ``--reference``, ``--dtype``, ``--tp``,
+``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of
+recorded reports and the end-of-run summary with the JSON report.
+The suite's fixtures stay in ``conformance/conftest.py``.
 
 So in another project, after ``pip install nanovllm_ref``::
 
@@ -28,8 +29,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("conformance", "nanovllm_ref conformance suite (pytest --pyargs conformance)")
     options = (
         ("--engine", dict(default="nanovllm_ref",
-                          help="engine under test: nanovllm_ref, hf, vllm, sglang, openai:URL or pkg.module:factory "
+                          help="engine under test: nanovllm_ref, hf, vllm, sglang, a server (openai:URL, trtllm:URL, "
+                               "tgi:URL, sglang:URL, ollama:URL) or pkg.module:factory "
                                "(default nanovllm_ref)")),
+        ("--engine-arg", dict(action="append", default=[], metavar="KEY=VALUE",
+                              help="a setting for the engine's factory, e.g. max_model_len=512 or "
+                                   "enforce_eager=true (VALUE parsed as JSON when it parses, else a string); "
+                                   "repeatable")),
         ("--model", dict(action="append", default=[],
                          help="golden checkpoint name or checkpoint folder; repeatable or comma-separated "
                               "(default: every golden checkpoint; perf's benchmarks read the last one)")),
@@ -53,6 +59,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[REPORTS] = []
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "slow: long-running")
+
+
+def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``["KEY=VALUE", ...]`` as ``((key, value), ...)``; VALUE is JSON when it parses (numbers, true, null,
+    lists), else the string itself."""
+    import json
+
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise pytest.UsageError(f"--engine-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            parsed[key.strip()] = json.loads(raw)
+        except ValueError:
+            parsed[key.strip()] = raw
+    return tuple(parsed.items())
+
+
+def engine_args(config: pytest.Config) -> tuple[tuple[str, Any], ...]:
+    return parse_engine_args(config.getoption("--engine-arg") or [])
 
 
 def record_report(config: pytest.Config, report: Any) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .adapters import EngineAdapter, HFAdapter
-from .compare import ConformanceReport, EngineOutput, compare_all
+from .compare import ConformanceReport, EngineOutput, compare_all, ids_from_text
 from .tolerances import Tolerance
 
 
@@ -98,17 +98,23 @@ def run_check(
 
     Pass ``outputs`` to compare already generated outputs instead. ``prompt_logprobs=False`` neither requests
     nor compares prompt logprobs (e.g. to let a prefix cache serve the prompts). An adapter whose
-    ``returns_logprobs`` is False is compared in the policy's tokens-only mode (compare.py).
+    ``returns_logprobs`` is False (read after generating: a server may only tell then) is compared in the
+    policy's tokens-only mode (compare.py); one whose ``returns_prompt_logprobs`` is False without prompt logprobs.
     """
-    tokens_only = not getattr(adapter, "returns_logprobs", True)
+    prompt_logprobs = prompt_logprobs and getattr(adapter, "returns_prompt_logprobs", True)
     if outputs is None:
         outputs = adapter.generate(ref.prompts, ref.max_tokens, ref.top_k, prompt_logprobs)
+    tokens_only = getattr(adapter, "returns_logprobs", True) is False
+    if tokens_only and any(o.text is not None and not o.token_ids for o in outputs):
+        decode = adapter.decode  # an adapter answering text has the checkpoint's tokenizer
+        outputs = [EngineOutput(ids_from_text(o.text, r, decode, ref.top_k), [], None, o.num_cached_tokens, o.text)
+                   if o.text is not None and not o.token_ids else o for r, o in zip(ref.outputs, outputs)]
     return compare_all(
         ref.outputs, outputs, top_k=ref.top_k, tol=tolerance.tol,
         prompt_tol=tolerance.prompt_tol if prompt_logprobs else None, prompt_ids=ref.prompt_ids,
         allow_divergence=allow_divergence, prompts=ref.prompts, model=ref.model, dtype=ref.dtype,
         engine=getattr(adapter, "name", type(adapter).__name__), case=case,
         meta={"reference": ref.source, "tolerance": tolerance.as_dict(),
-              "mode": "tokens-only" if tokens_only else "logprobs"},
+              "mode": "tokens-only" if tokens_only else "logprobs", "prompt_logprobs": prompt_logprobs},
         tokens_only=tokens_only,
     )

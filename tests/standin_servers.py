@@ -73,6 +73,7 @@ class Claims:
     config: dict[str, Any] = field(default_factory=dict)
     dev_mode: bool = True  # vLLM: VLLM_SERVER_DEV_MODE=1 (/server_info)
     logprobs: bool = True  # Ollama: False = a server from before logprobs
+    logprobs_mode: str = "raw_logprobs"  # vLLM's --logprobs-mode
 
 
 def _openai_completion(b: Backend, body: dict, c: Claims, trtllm: bool) -> tuple[int, Any]:
@@ -167,7 +168,8 @@ ROUTES: dict[str, dict[tuple[str, str], Any]] = {
              **({"dtype": c.dtype} if c.dtype and not c.dev_mode else {}),
              **({"config": c.config} if c.config else {})}]}),
         ("GET", "/server_info"): lambda b, q, c: (200, {"vllm_config": {"model_config": {
-            "model": c.root, "dtype": c.dtype}}}) if c.dev_mode else (404, {"detail": "Not Found"}),
+            "model": c.root, "dtype": c.dtype, "logprobs_mode": c.logprobs_mode}}}) if c.dev_mode else
+        (404, {"detail": "Not Found"}),
         ("POST", "/v1/completions"): lambda b, q, c: _openai_completion(b, q, c, trtllm=False),
     },
     "trtllm": {

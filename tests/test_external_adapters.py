@@ -112,3 +112,73 @@ def test_real_engine_matches_the_bf16_goldens(name: str, qwen3_path: str) -> Non
     finally:
         adapter.close()
     assert report.passed, report.format_failures()
+
+
+LIVE: list[str] = []  # adapters of the pool test that are open
+
+
+class Counted:
+    """A fake engine that records whether it is open, for the pool test."""
+
+    name = "counted"
+
+    def __init__(self, model_path: str, dtype: str, **kwargs) -> None:
+        self.key, self.kwargs = f"{model_path}/{dtype}", kwargs
+        LIVE.append(self.key)
+
+    def generate(self, prompts, max_tokens, top_k, prompt_logprobs):
+        from nanovllm_ref.oracle.compare import EngineOutput
+
+        return [EngineOutput([0] * max_tokens, [{0: 0.0}] * max_tokens) for _ in prompts]
+
+    def close(self) -> None:
+        LIVE.remove(self.key)
+
+
+def test_pool_keeps_one_engine_alive_and_passes_engine_args() -> None:
+    from conformance.harness import EnginePool, ModelSpec, Options
+
+    opts = Options(f"{__name__}:Counted", "golden", 1, None, None, (("max_model_len", 512), ("enforce_eager", True)))
+    pool = EnginePool(opts)
+    a, b = ModelSpec("a", "/a", True), ModelSpec("b", "/b", True)
+    first = pool.get(a, "float32")
+    assert first.kwargs == {"max_model_len": 512, "enforce_eager": True} and LIVE == ["/a/float32"]
+    assert pool.get(a, "float32") is first  # reused
+    pool.get(b, "float32")
+    assert LIVE == ["/b/float32"]  # the first engine was closed before the second was built
+    pool.get(b, "bfloat16", max_model_len=64)
+    assert LIVE == ["/b/bfloat16"]
+    pool.close()
+    assert LIVE == []
+
+
+def test_engine_arg_parsing() -> None:
+    from nanovllm_ref.oracle.pytest_plugin import parse_engine_args
+
+    assert parse_engine_args(["max_model_len=512", "enforce_eager=true", "kv_cache_dtype=auto", "x=[1, 2]",
+                              "served_model=a=b"]) == (("max_model_len", 512), ("enforce_eager", True),
+                                                       ("kv_cache_dtype", "auto"), ("x", [1, 2]),
+                                                       ("served_model", "a=b"))
+    for bad in ["novalue", "=3", "not-an-identifier=1"]:
+        with pytest.raises(pytest.UsageError, match="KEY=VALUE"):
+            parse_engine_args([bad])
+
+
+def test_engine_arg_reaches_the_factory_through_pytest(tmp_path) -> None:
+    """`--engine-arg` on the command line arrives in the engine factory's kwargs (a nanovllm_ref setting that
+    changes nothing in the results: the block size)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "pytest", "conformance/test_golden.py", "-q", "-p", "no:cacheprovider", "-k",
+            "not gpu", "--model", "qwen3-tiny", "--dtype", "float32", "--report", str(tmp_path / "r.json")]
+    done = subprocess.run(args + ["--engine-arg", "kvcache_block_size=32"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    done = subprocess.run(args + ["--engine-arg", "no_such_setting=1"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "no_such_setting" in done.stdout, done.stdout[-2000:]

@@ -117,6 +117,8 @@ OTHER = "qwen2-tiny"
     ("vllm", Claims(OTHER, checkpoint_path(OTHER), "torch.float32"), [f"serves ['{OTHER}'", f"not --model '{ROOT}"]),
     ("vllm", Claims(MODEL, checkpoint_path(MODEL), "torch.bfloat16"), ["runs bfloat16, but --dtype is float32"]),
     ("vllm", Claims(MODEL, checkpoint_path(MODEL), None, dev_mode=False), ["does not say which dtype"]),
+    ("vllm", Claims(MODEL, checkpoint_path(MODEL), "torch.float32", logprobs_mode="processed_logprobs"),
+     ["returns processed_logprobs, not raw_logprobs"]),
     ("vllm", Claims(MODEL, checkpoint_path(MODEL), "float32", {**config(), "hidden_size": 4096}, dev_mode=False),
      ["hidden_size=4096, but --model", f"has hidden_size={config()['hidden_size']}"]),
     ("tgi", Claims(checkpoint_path(MODEL), "", "bfloat16"), ["runs bfloat16, but --dtype is float32"]),

@@ -6,8 +6,9 @@
 all prompts are in flight at once, so the server batches them. Before any request the adapter checks what the
 server runs (served.py): ``/v1/models`` (``id``, vLLM's ``root`` = the checkpoint path; nanovllm_ref's server
 also ``dtype`` and ``config``) and, when vLLM runs with ``VLLM_SERVER_DEV_MODE=1``, ``/server_info`` (its
-``model_config.dtype``). ``num_cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens`` when the server
-reports it (vLLM: ``--enable-prompt-tokens-details``), else None. The real server::
+``model_config.dtype``; its ``logprobs_mode`` must be ``raw_logprobs``). ``num_cached_tokens`` is
+``usage.prompt_tokens_details.cached_tokens`` when the server reports it (vLLM:
+``--enable-prompt-tokens-details``), else None. The real server::
 
     VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CKPT --dtype float32 \\
         --host 127.0.0.1 --port 8000 --enable-prompt-tokens-details
@@ -28,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .compare import EngineOutput
-from .served import ServedFacts, TokenTexts, check_served, http_json, normalize_dtype, try_json
+from .served import ServedFacts, ServerMismatch, TokenTexts, check_served, http_json, normalize_dtype, try_json
 
 MAX_IN_FLIGHT = 32
 
@@ -60,6 +61,10 @@ def vllm_server_facts(base_url: str) -> ServedFacts:
     info = try_json(f"{origin}/server_info?config_format=json")
     model_config = ((info or {}).get("vllm_config") or {}).get("model_config") if isinstance(info, dict) else None
     if isinstance(model_config, dict):
+        mode = model_config.get("logprobs_mode", "raw_logprobs")
+        if mode != "raw_logprobs":  # the goldens are raw log-softmax values
+            raise ServerMismatch(f"the server at {base_url} returns {mode}, not raw_logprobs: start vLLM without "
+                                 "--logprobs-mode (or with --logprobs-mode raw_logprobs)")
         dtype = dtype or normalize_dtype(model_config.get("dtype"))
         names.append(str(model_config.get("model") or ""))
         source += ", /server_info"

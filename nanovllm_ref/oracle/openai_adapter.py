@@ -79,11 +79,12 @@ class OpenAIAdapter:
     returns_logprobs = True
     returns_prompt_logprobs = True
 
-    def __init__(self, base_url: str, model_path: str, dtype: str, *, served_model: str = "",
+    def __init__(self, base_url: str, model_path: str = "", dtype: str = "", *, served_model: str = "",
                  server_dtype: str = "", timeout_s: float = 600.0) -> None:
         self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
         facts = self._facts()
-        check_served(facts, model_path, dtype, served_model=served_model, server_dtype=server_dtype)
+        if model_path or dtype:  # load_adapter (--engine) always passes both; a bare client checks nothing
+            check_served(facts, model_path, dtype, served_model=served_model, server_dtype=server_dtype)
         self.model = served_model or facts.names[0]
         self.model_path = model_path
 

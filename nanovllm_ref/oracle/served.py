@@ -11,8 +11,10 @@ dtype, its model config where it exposes them) and :func:`check_served` refuses 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -31,15 +33,22 @@ class ServerMismatch(RuntimeError):
     """The server runs another model or dtype than the run asks for (the message names both)."""
 
 
-def http_json(url: str, payload: Any = None, timeout_s: float = 600.0) -> Any:
-    """GET (``payload`` None) or POST JSON; an HTTP error raises RuntimeError with the server's message."""
+def http_json(url: str, payload: Any = None, timeout_s: float = 600.0, retries: int = 3) -> Any:
+    """GET (``payload`` None) or POST JSON; an HTTP error raises RuntimeError with the server's message. A reset
+    connection (a server whose accept backlog overflowed) is retried: the adapters' requests are idempotent."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{url} answered HTTP {e.code}: {e.read()[:800].decode(errors='replace')}") from None
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{url} answered HTTP {e.code}: {e.read()[:800].decode(errors='replace')}") from None
+        except (ConnectionResetError, http.client.RemoteDisconnected, urllib.error.URLError) as e:
+            reset = not isinstance(e, urllib.error.URLError) or isinstance(e.reason, ConnectionResetError)
+            if attempt == retries or not reset:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def try_json(url: str, payload: Any = None, timeout_s: float = 30.0) -> Any | None:

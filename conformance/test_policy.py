@@ -96,3 +96,15 @@ def test_moe_noise_is_pooled_apart() -> None:
     assert measured_noise(manifest, "bfloat16", "dense") == (0.3, 0.3)
     assert measured_noise(manifest, "bfloat16", "moe") == (2.0, 2.0)
     assert golden_tolerance("bfloat16", manifest, "moe").tol == NOISE_FACTOR * 2.0
+
+
+def test_rescaled_checkpoints_are_bounded_by_their_own_noise_only() -> None:
+    def entry(noise: float, post: dict | None = None) -> dict:
+        return {"config": {}, "train": {"post_training": post} if post else {},
+                "noise": {"bfloat16": {"a": {"generated": {"max": noise}, "prompt": {"max": noise}}}}}
+
+    manifest = {"checkpoints": {"dense": entry(0.3), "sharp": entry(0.8, {"score_scale": 3.0}),
+                                "tiny": entry(0.1, {"residual_scale": 0.05})}}
+    assert measured_noise(manifest, "bfloat16") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "sharp") == (0.8, 0.8)
+    assert measured_noise(manifest, "bfloat16", "tiny") == (0.1, 0.1)

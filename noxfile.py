@@ -56,7 +56,7 @@ def mutants(session: nox.Session) -> None:
     session.run("python", "-m", "tools.mutants", *session.posargs)
 
 
-@nox.session(name="peer-vllm")
+@nox.session(name="peer-vllm", default=False)  # explicit only: it installs vLLM, runs ~30 min
 def peer_vllm(session: nox.Session) -> None:
     """vLLM's CPU build as a real peer, in its own venv: tests/test_peer_vllm.py (close() ends its engine, no
     process left after a run), then the conformance suite in-process and through its OpenAI server (started on

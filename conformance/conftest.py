@@ -17,7 +17,7 @@ import pytest
 
 from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report
 
-from .harness import EnginePool, Options, ReferencePool, selected_models
+from .harness import EnginePool, Options, ReferencePool, deselect_invariance_cases, selected_models
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,6 +33,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
+
+    deselect_invariance_cases(config, items)
 
     if torch.cuda.is_available():
         return

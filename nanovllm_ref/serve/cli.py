@@ -10,9 +10,39 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = json.loads(args.config)
+    for name in ("dtype", "max_model_len", "device"):
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
+    return kwargs
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a checkpoint folder")
+    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--device", default=None, help="auto | cuda | cpu")
+    p.add_argument("--config", default="{}", help='more engine config as JSON, e.g. \'{"max_num_seqs": 64}\'')
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    p.add_argument("--served-model-name", nargs="+", default=[], help="names the API accepts (default: the path); "
+                   "the first is the one responses report")
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the template text), "
+                   "for checkpoints without one (e.g. ChatML)")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive the request headers")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to wait for each part of the body")
+    p.add_argument("--log-level", default="warning")
 
 
 def _sampling(args: argparse.Namespace) -> object:
@@ -32,7 +62,12 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..llm import LLM
-    from .server import config_from_args, engine_kwargs, serve
+
+    try:
+        from .server import config_from_args, serve
+    except ImportError as e:
+        print(f"serve needs the serving extra: pip install 'nanovllm_ref[serve]' ({e})", file=sys.stderr)
+        return 2
 
     config = config_from_args(args)  # fails on a bad flag before the model loads
     serve(LLM(args.model, **engine_kwargs(args)), config)
@@ -41,8 +76,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from ..llm import LLM
-    from .server import engine_kwargs
-
     with LLM(args.model, **engine_kwargs(args)) as llm:
         for prompt, out in zip(args.prompts, llm.generate(args.prompts, _sampling(args), use_tqdm=False)):
             print(f"--- {prompt!r} ({len(out.token_ids)} tokens, {out.finish_reason})\n{prompt}{out.text}")
@@ -51,8 +84,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace) -> int:
     from ..llm import LLM
-    from .server import engine_kwargs, read_chat_template
-    from .text import TextStream
+    from .text import TextStream, read_chat_template
 
     template = read_chat_template(args.chat_template)
     with LLM(args.model, **engine_kwargs(args)) as llm:
@@ -101,8 +133,6 @@ def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .server import add_engine_args, add_server_args
-
     top = argparse.ArgumentParser(prog="nanovllm-ref", description=__doc__.splitlines()[0],
                                   epilog=__doc__.split("\n", 2)[2],
                                   formatter_class=argparse.RawDescriptionHelpFormatter)

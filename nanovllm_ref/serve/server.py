@@ -8,8 +8,6 @@ size limit are the app's (app.BodyLimits).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +20,7 @@ from ..llm import LLM
 from .app import build_app
 from .engine_loop import EngineLoop
 from .routes import Served
+from .text import read_chat_template
 
 
 @dataclass(frozen=True)
@@ -36,31 +35,9 @@ class ServerConfig:
     log_level: str = "warning"
 
 
-def add_server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
-    p.add_argument("--served-model-name", nargs="+", default=[], help="names the API accepts (default: the path); "
-                   "the first is the one responses report")
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the template text), "
-                   "for checkpoints without one (e.g. ChatML)")
-    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive the request headers")
-    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to wait for each part of the body")
-    p.add_argument("--log-level", default="warning")
-
-
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig(args.host, args.port, tuple(args.served_model_name), args.chat_template,
+    return ServerConfig(args.host, args.port, tuple(args.served_model_name), read_chat_template(args.chat_template),
                         args.max_request_bytes, args.header_timeout, args.body_timeout, args.log_level)
-
-
-def read_chat_template(value: str | None) -> str | None:
-    if value is None or "{{" in value or "{%" in value:
-        return value
-    if not os.path.isfile(value):
-        raise ValueError(f"--chat-template: no such file {value!r} (and not a Jinja template)")
-    with open(value) as f:
-        return f.read()
 
 
 def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
@@ -115,22 +92,8 @@ def serve(llm: LLM, config: ServerConfig) -> None:
           f"http://{config.host}:{sock.getsockname()[1]}/v1 (API docs: /docs)", flush=True)
     try:
         make_uvicorn(served, config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on SIGINT, then re-raises it
+        pass
     finally:
         served.loop.stop()
         llm.shutdown()
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = json.loads(args.config)
-    for name in ("dtype", "max_model_len", "device"):
-        if getattr(args, name, None) is not None:
-            kwargs[name] = getattr(args, name)
-    return kwargs
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a checkpoint folder")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--device", default=None, help="auto | cuda | cpu")
-    p.add_argument("--config", default="{}", help='more engine config as JSON, e.g. \'{"max_num_seqs": 64}\'')

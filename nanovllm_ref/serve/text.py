@@ -10,6 +10,7 @@ token's text by its neighbours (SentencePiece's leading space) decode the same a
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -70,3 +71,13 @@ class TextStream:
             if any(s.startswith(tail[-k:]) for s in self.stop):
                 return k
         return 0
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """`--chat-template`: a file's contents, or the value itself when it is a Jinja template."""
+    if value is None or "{{" in value or "{%" in value:
+        return value
+    if not os.path.isfile(value):
+        raise ValueError(f"--chat-template: no such file {value!r} (and not a Jinja template)")
+    with open(value) as f:
+        return f.read()

@@ -148,9 +148,11 @@ def test_echo_with_prompt_logprobs(client, offline):
                                                                                                ref.logprobs)]
     assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-5)
     chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, echo=True, stream=True,
-                                            **GREEDY))
+                                            logprobs=1, **GREEDY))
     assert chunks[0].choices[0].text.startswith(prompt)
     assert "".join(c.choices[0].text for c in chunks) == prompt + ref.text
+    streamed = [x for c in chunks for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(expected, abs=1e-5)
 
 
 def test_openai_adapter_matches_offline_engine(server):

@@ -125,3 +125,18 @@ def test_conformance_passes_engine_and_model_through_to_pytest():
 def test_usage_errors_exit_2(capsys, argv):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and "usage:" in err
+
+
+LAYERS = ["protocol", "params", "text", "engine_loop", "handlers", "routes", "app", "server", "cli", "__main__"]
+
+
+def test_the_serving_package_imports_only_downward():
+    import ast
+    from pathlib import Path
+
+    folder = Path(ROOT) / "nanovllm_ref" / "serve"
+    assert sorted(p.stem for p in folder.glob("*.py")) == sorted(LAYERS + ["__init__"])
+    for rank, name in enumerate(LAYERS):
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:  # `from .x import ...`
+                assert LAYERS.index(node.module) < rank, f"{name} imports {node.module}, which is above it"

@@ -85,7 +85,12 @@ class EngineLoop(threading.Thread):
         self._commands.put(("wake",))
 
     def active_request_ids(self) -> set[str]:
-        return set(self.llm.engine.requests)
+        """The engine's unfinished requests (read from another thread: retried if the dict changes meanwhile)."""
+        while True:
+            try:
+                return set(self.llm.engine.requests)
+            except RuntimeError:
+                continue
 
     def run(self) -> None:
         try:

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..outputs import RequestOutput
@@ -35,7 +35,6 @@ class Choice:
     finish_reason: str | None = None
     error: str | None = None
     sent_tokens: int = 0  # tokens already shown in a stream chunk
-    pending: list[Any] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

@@ -53,10 +53,6 @@ class RequestPlan:
             return self.params
         return dataclasses.replace(self.params, seed=(self.params.seed + i + 2**63) % 2**64 - 2**63)
 
-    @property
-    def engine_stops(self) -> bool:
-        return "stop" in SAMPLING_FIELDS
-
 
 def _engine_feature(kwargs: dict, name: str, value: Any) -> None:
     if value is None or (name in NEUTRAL and value == NEUTRAL[name]):

@@ -29,10 +29,13 @@ class Served:
         if name is not None and name not in self.model_names:
             raise BadRequest(f"The model `{name}` does not exist.", "model", status=404)
 
+    def check_chars(self, num_chars: int, param: str = "prompt") -> None:
+        if num_chars > self.max_prompt_chars:  # checked before tokenizing: tokenizing 50 MB takes minutes
+            raise BadRequest(f"{param}: {num_chars} characters cannot fit in max_model_len tokens "
+                             f"(at most {self.max_prompt_chars} characters)", param)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if len(text) > self.max_prompt_chars:  # checked before tokenizing: tokenizing 50 MB takes minutes
-            raise BadRequest(f"prompt: {len(text)} characters cannot fit in max_model_len tokens "
-                             f"(at most {self.max_prompt_chars} characters)", "prompt")
+        self.check_chars(len(text))
         if self.tokenizer is None:
             raise BadRequest("prompt: this checkpoint has no tokenizer; send token ids", "prompt")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -134,8 +137,7 @@ def _render_chat(served: Served, req: ChatCompletionRequest) -> str:
     if served.tokenizer is None or not template:
         raise BadRequest("messages: this model has no chat template: start the server with --chat-template FILE, "
                          "or use /v1/completions", "messages")
-    if sum(len(m.text()) for m in req.messages) > served.max_prompt_chars:
-        served.encode("x" * (served.max_prompt_chars + 1))  # raises the prompt-length error
+    served.check_chars(sum(len(m.text()) for m in req.messages), "messages")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
     try:  # tokenize=False gives the text in transformers 4 and 5 alike (tokenize=True: a BatchEncoding in 5)
         text = served.tokenizer.apply_chat_template(

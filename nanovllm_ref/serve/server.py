@@ -34,6 +34,15 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     log_level: str = "warning"
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(args.host, args.port, tuple(args.served_model_name), read_chat_template(args.chat_template),

@@ -83,6 +83,8 @@ def test_chat_with_the_chatml_template(client, server):
     assert choice.message.role == "assistant" and choice.message.content == same.text
     assert choice.finish_reason == "length" and r.usage.completion_tokens == 8
     assert len(choice.logprobs.content) == 8 and all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    newer = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=5, **GREEDY)
+    assert newer.usage.completion_tokens == 5 and same.text.startswith(newer.choices[0].message.content)
     stream = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=True,
                                                  stream_options={"include_usage": True}, **GREEDY))
     assert stream[0].choices[0].delta.role == "assistant"

@@ -107,8 +107,9 @@ def check_param_ranges(params: SamplingParams, vocab_size: int) -> None:
             raise ValueError(f"{f.name} must fit in 64 bits [-2**63, 2**63), got {value}")
     if params.top_k > vocab_size:
         raise ValueError(f"top_k={params.top_k} exceeds the vocabulary size {vocab_size} (-1 disables top-k)")
-    for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):  # token-id fields (some are the sampling
-        ids = getattr(params, name, None) or ()                         # issue's); dict keys are token ids
+    for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):  # token ids (some fields are the sampling
+        ids = getattr(params, name, None) or ()  # issue's): a dict's keys, or the first of (id, value) pairs
+        ids = ids.keys() if isinstance(ids, dict) else [t[0] if isinstance(t, (tuple, list)) else t for t in ids]
         bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
         if bad is not None:
             raise ValueError(f"{name}: token id {bad!r} is outside the vocabulary [0, {vocab_size})")

@@ -112,6 +112,10 @@ def test_serve_as_a_process_answers_and_stops_on_sigint():
 def test_bad_flags_fail_before_the_model_loads(capsys):
     with pytest.raises(ValueError, match="--chat-template: no such file"):
         main(["serve", "/nonexistent", "--chat-template", "/no/such/file"])
+    with pytest.raises(ValueError, match="max_request_bytes must be >= 1"):
+        main(["serve", "/nonexistent", "--max-request-bytes", "0"])
+    with pytest.raises(SystemExit, match="--config: not valid JSON"):
+        main(["generate", str(checkpoint_path(QWEN3)), "x", "--config", "{nope"])
 
 
 def test_conformance_passes_engine_and_model_through_to_pytest():

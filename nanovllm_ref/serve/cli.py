@@ -17,7 +17,12 @@ import sys
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = json.loads(args.config)
+    try:
+        kwargs = json.loads(args.config)
+    except ValueError as e:
+        raise SystemExit(f"--config: not valid JSON ({e}): {args.config!r}") from None
+    if not isinstance(kwargs, dict):
+        raise SystemExit(f"--config: a JSON object of LLM settings is needed, got {args.config!r}")
     for name in ("dtype", "max_model_len", "device"):
         if getattr(args, name, None) is not None:
             kwargs[name] = getattr(args, name)

@@ -60,6 +60,7 @@ class EngineLoop(threading.Thread):
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._ids = itertools.count()
         self._stopping = False
+        self._death = threading.Lock()  # a request is either queued before the loop dies (and failed) or refused
 
     @property
     def healthy(self) -> bool:
@@ -71,10 +72,11 @@ class EngineLoop(threading.Thread):
 
     def submit(self, token_ids: list[int], params: SamplingParams, inbox: asyncio.Queue) -> str:
         """Queue a validated request; (its id, Delta / RequestOutput / Failed) items arrive on `inbox`."""
-        if not self.healthy:
-            raise RuntimeError(f"the engine loop is not running: {self.fatal or 'stopped'}")
         rid = f"req-{next(self._ids)}"
-        self._commands.put(("add", rid, token_ids, params, _Stream(rid, inbox, asyncio.get_running_loop())))
+        with self._death:
+            if not self.healthy:
+                raise RuntimeError(f"the engine loop is not running: {self.fatal or 'stopped'}")
+            self._commands.put(("add", rid, token_ids, params, _Stream(rid, inbox, asyncio.get_running_loop())))
         return rid
 
     def abort(self, rid: str) -> None:
@@ -102,10 +104,16 @@ class EngineLoop(threading.Thread):
                     self._deliver(finished)
         except BaseException as e:  # an engine bug: say so to everyone waiting, and let /health tell
             log.exception("the engine loop died")
-            self.fatal = f"{type(e).__name__}: {e}"
+            with self._death:
+                self.fatal = f"{type(e).__name__}: {e}"
+            failed = Failed(f"the engine loop died: {self.fatal}")
             for stream in self._streams.values():
-                stream.put(Failed(f"the engine loop died: {self.fatal}"))
+                stream.put(failed)
             self._streams.clear()
+            while not self._commands.empty():  # requests queued but never added would wait forever
+                command = self._commands.get()
+                if command[0] == "add":
+                    command[-1].put(failed)
 
     def _apply_commands(self, block: bool) -> None:
         try:

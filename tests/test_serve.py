@@ -51,7 +51,11 @@ def test_completion_matches_the_offline_engine(client, offline):
 
 
 def test_served_model_names_and_unknown_model(client):
-    assert [m.id for m in client.models.list().data] == [MODEL, "tiny"]
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL, "tiny"]
+    card = models[0].model_extra
+    assert card["root"] == str(checkpoint_path(QWEN3)) and card["dtype"] == "float32"
+    assert card["config"]["vocab_size"] == 1536 and card["max_model_len"] == 512
     r = client.completions.create(model="tiny", prompt=[5, 6], max_tokens=2)
     assert r.model == "tiny"
     with pytest.raises(openai.NotFoundError, match="does not exist"):
@@ -64,6 +68,7 @@ def test_stream_with_usage_and_logprobs_equals_the_whole_response(client):
     chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
     *body, last = chunks
     assert last.choices == [] and last.usage.completion_tokens == 10 and last.usage.prompt_tokens == 22
+    assert last.usage.prompt_tokens_details.cached_tokens == 16  # the whole response's full block, cached
     assert "".join(c.choices[0].text for c in body) == whole.text
     assert [t for c in body for t in c.choices[0].model_extra["token_ids"]] == whole.model_extra["token_ids"]
     streamed = [lp for c in body for lp in c.choices[0].logprobs.token_logprobs]  # (prefix-cached: not bitwise)

@@ -117,12 +117,15 @@ def build_app(served: Served, max_request_bytes: int = 4 << 20, body_timeout_s: 
             return JSONResponse({"status": "ok"})
         return JSONResponse(error_body(503, f"the engine loop is dead: {served.loop.fatal}"), status_code=503)
 
-    @app.get("/v1/models", summary="the served model names")
+    engine = served.loop.llm.engine
+    card = {"object": "model", "created": created, "owned_by": "nanovllm_ref", "root": str(engine.config.model),
+            "max_model_len": engine.spec.max_model_len, "dtype": str(engine.spec.dtype).removeprefix("torch."),
+            # the architecture's scalar settings: what `--engine openai:URL` checks against --model
+            "config": {k: v for k, v in engine.hf_config.to_dict().items() if isinstance(v, (int, float, str, bool))}}
+
+    @app.get("/v1/models", summary="the served model names (root: the checkpoint; dtype; config)")
     async def models() -> dict:
-        max_len = served.loop.llm.engine.spec.max_model_len
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
-                                            "owned_by": "nanovllm_ref", "max_model_len": max_len}
-                                           for name in served.model_names]}
+        return {"object": "list", "data": [{"id": name, **card} for name in served.model_names]}
 
     @app.post("/v1/completions", summary="OpenAI completions (vLLM's extensions included)")
     async def _completions(req: CompletionRequest, request: Request) -> Any:

@@ -34,6 +34,7 @@ class Choice:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served
     sent_tokens: int = 0  # tokens already shown in a stream chunk
 
     @property
@@ -52,6 +53,7 @@ class Choice:
         if item.prompt_logprobs is not None:
             self.prompt_logprobs = item.prompt_logprobs
         if isinstance(item, RequestOutput):
+            self.num_cached_tokens = item.num_cached_tokens
             if item.finish_reason == "error":
                 self.error = item.error or "the engine failed this request"
             self.finish_reason = "stop" if self.text.stopped else item.finish_reason
@@ -119,10 +121,13 @@ class Generation:
             if choice.finish_reason is None:
                 yield choice, choice.absorb(item, self.loop)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """Prompts count once each (not once per choice), as in vLLM; cached: the first choice's of each."""
         prompt = sum(len(p) for p in self.prompts)
         completion = sum(len(c.token_ids) for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(c.num_cached_tokens for c in self.choices[:: self.plan.n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def raise_if_failed(self) -> None:
         failed = next((c for c in self.choices if c.error is not None), None)

@@ -25,12 +25,12 @@ def reference(llm):
 
 
 OUT_OF_RANGE = {
-    "seed 2**64": (dict(seed=2**64), "seed must fit in 64 bits"),
-    "seed -2**63 - 1": (dict(seed=-(2**63) - 1), "seed must fit in 64 bits"),
+    "seed 2**64": (dict(seed=2**64), r"seed must be an int in \[-9223372036854775808, 18446744073709551615\]"),
+    "seed -2**63 - 1": (dict(seed=-(2**63) - 1), r"seed must be an int in \[-9223372036854775808, "),
     "top_k 2**70": (dict(top_k=2**70), "top_k"),
-    "top_k over the vocabulary": (dict(top_k=1537), "vocabulary size 1536"),
+    "top_k over the vocabulary": (dict(top_k=1537), "top_k must be <= the vocabulary size 1536"),
     "stop token 2**70": (dict(stop_token_ids=[2**70]), "stop_token_ids"),
-    "stop token = vocab": (dict(stop_token_ids=[1536]), "outside the vocabulary"),
+    "stop token = vocab": (dict(stop_token_ids=[1536]), r"outside the vocabulary \[0, 1536\)"),
 }
 
 
@@ -44,9 +44,12 @@ def test_out_of_range_integers_are_refused_before_the_engine_changes(llm, refere
 
 
 def test_64_bit_seeds_at_both_ends_are_served(llm):
-    for seed in (2**63 - 1, -(2**63), 0):
-        out = llm.generate([[5, 6]], SamplingParams(seed=seed, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
-        assert len(out.token_ids) == 3 and out.finish_reason == "length"
+    outs = {}
+    for seed in (2**63 - 1, -(2**63), 0, 2**64 - 1, -1):
+        out = llm.generate([[5, 6]], SamplingParams(seed=seed, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+        assert len(out.token_ids) == 8 and out.finish_reason == "length"
+        outs[seed] = out.token_ids
+    assert outs[2**64 - 1] == outs[-1]  # an unsigned seed is its two's-complement int64
     assert llm.generate([[5, 6]], SamplingParams(top_k=1536, max_tokens=2, ignore_eos=True), use_tqdm=False)
 
 

@@ -33,6 +33,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 
 _INT64 = range(-(2**63), 2**63)  # what the sampler's int64 tensors hold
+_SEEDS = range(-(2**63), 2**64)  # signed or unsigned 64-bit
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -100,19 +101,21 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
 
 
 def check_param_ranges(params: SamplingParams, vocab_size: int) -> None:
-    """Integers the sampler puts in int64 tensors must fit there; token ids must be in the vocabulary."""
+    """Integers the sampler puts in int64 tensors must fit there (a seed may also be an unsigned 64-bit value:
+    it is reduced to int64 when the request is added); token ids and top_k must be inside the vocabulary."""
     for f in dataclasses.fields(params):
         value = getattr(params, f.name)
-        if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
-            raise ValueError(f"{f.name} must fit in 64 bits [-2**63, 2**63), got {value}")
+        span = _SEEDS if f.name == "seed" else _INT64
+        if isinstance(value, int) and not isinstance(value, bool) and value not in span:
+            raise ValueError(f"{f.name} must be an int in [{span.start}, {span.stop - 1}], got {value}")
     if params.top_k > vocab_size:
-        raise ValueError(f"top_k={params.top_k} exceeds the vocabulary size {vocab_size} (-1 disables top-k)")
+        raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (or -1/0 to disable), got {params.top_k}")
     for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):  # token ids (some fields are the sampling
         ids = getattr(params, name, None) or ()  # issue's): a dict's keys, or the first of (id, value) pairs
         ids = ids.keys() if isinstance(ids, dict) else [t[0] if isinstance(t, (tuple, list)) else t for t in ids]
         bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
         if bad is not None:
-            raise ValueError(f"{name}: token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"{name} has token id {bad!r}, outside the vocabulary [0, {vocab_size})")
 
 
 class LLMEngine:
@@ -187,7 +190,7 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seed = (params.seed + 2**63) % 2**64 - 2**63 if params.seed is not None else self._rng.getrandbits(63)
         seq = Sequence(request_id, token_ids, params, seed)
         self.scheduler.add(seq)
         self.requests[request_id] = seq

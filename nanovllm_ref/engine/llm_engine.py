@@ -223,12 +223,12 @@ class LLMEngine:
                 raise
             logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(self._stepping))
             self._ahead = None
-            failed = [seq for seq in dict.fromkeys(self._stepping) if self.requests.get(seq.request_id) is seq]
+            failed = [seq for seq in dict.fromkeys(self._stepping) if self._by_seq_id.get(seq.seq_id) is seq]
             for seq in failed:
                 if not seq.is_finished:
                     seq.error = f"the engine step failed: {type(e).__name__}: {e}"
                     self.scheduler.finish(seq, "error")
-            return [self._pop_output(seq) for seq in failed]
+            return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
         if self._ahead is not None:  # the step launched ahead in the previous call

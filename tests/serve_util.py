@@ -1,5 +1,5 @@
 """A real server for the serving tests: uvicorn on 127.0.0.1 at a free port, in a thread, over qwen3-tiny
-(float32) with the ChatML template of tests/data, short timeouts and a 1 MiB body limit."""
+(float32) with the ChatML template of tests/data and a 1 MiB body limit (other server settings: `server=`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from nanovllm_ref import LLM
 from nanovllm_ref.serve.routes import Served
 from nanovllm_ref.serve.server import ServerConfig, bind, make_served, make_uvicorn
+from nanovllm_ref.serve.text import read_chat_template
 
 from .conftest import QWEN3, checkpoint_path
 
@@ -31,24 +32,24 @@ class Running:
 
 
 @contextlib.contextmanager
-def running_server(**engine: object) -> Iterator[Running]:
+def running_server(server: dict | None = None, **engine: object) -> Iterator[Running]:
     llm = LLM(str(checkpoint_path(QWEN3)), **{"dtype": "float32", "max_model_len": 512, **engine})
-    config = ServerConfig(served_model_names=(MODEL, "tiny"), chat_template=CHATML, max_request_bytes=1 << 20,
-                          header_timeout_s=2.0, body_timeout_s=2.0)
+    config = ServerConfig(**{"served_model_names": (MODEL, "tiny"), "chat_template": read_chat_template(CHATML),
+                             "max_request_bytes": 1 << 20, **(server or {})})
     served = make_served(llm, config)
     sock = bind("127.0.0.1", 0)
-    server = make_uvicorn(served, config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    uv = make_uvicorn(served, config)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while not server.started:
+    while not uv.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     try:
         yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", served)
     finally:
-        server.should_exit = True
+        uv.should_exit = True
         thread.join(10)
         served.loop.stop()
         served.loop.join(10)

@@ -22,7 +22,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server() as running:
+    with running_server({"header_timeout_s": 2.0, "body_timeout_s": 2.0}) as running:
         yield running
 
 

@@ -4,10 +4,11 @@ Parameters map onto `SamplingParams` by their vLLM names. One that `dataclasses.
 refused with a 400 naming it, unless its value is the neutral one (e.g. `presence_penalty: 0`), which is honoured
 trivially: so a feature added to the engine is served without an edit here, and none is ever silently ignored.
 
-The server's own part (`RequestPlan`): `n` choices are `n` engine requests (the prefix cache shares the prompt;
-choice i of a seeded request samples with seed + i); stop strings are watched over the detokenized text (the
-engine also gets them when `SamplingParams` has `stop`, and then ends the request itself; otherwise the server
-aborts it); `echo` prepends the prompt (and its logprobs); usage chunks in streams.
+The server's own part (`RequestPlan`): `n` choices are `n` engine requests (submitted together, each computes
+the prompt; choice i of a seeded request samples with seed + i, as the sampling engine's own `n` does); stop
+strings are watched over the detokenized text (the engine also gets them when `SamplingParams` has `stop`, and
+then ends the request itself; otherwise the server aborts it); `echo` prepends the prompt (and its logprobs);
+usage chunks in streams.
 """
 
 from __future__ import annotations

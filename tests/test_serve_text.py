@@ -59,3 +59,14 @@ def test_text_that_only_looks_like_a_stop_start_is_released(tok):
     held = stream.add(tok.encode("abc ST"))
     assert held == "abc " and not stream.stopped
     assert stream.add(tok.encode("ART")) == "START" and stream.finish() == ""
+
+
+def test_with_the_engine_applying_stop_strings_the_stream_only_holds_back_then_settles(tok):
+    ids = tok.encode("import sys\nimport os\nimport sys")  # ... 'import', ' sys'
+    stream = TextStream(tok, stop=("rt sys",), detect=False)  # e.g. min_tokens: the engine went past the first
+    sent = stream.add(ids[:-1])
+    assert sent == "import sys\nimport os\nimpo" and not stream.stopped  # "rt" may begin the stop: held back
+    engine_text = "import sys\nimport os\nimpo"  # the engine stopped at the second "rt sys"
+    assert stream.settle(ids[-1:], engine_text) == "" and stream.text == engine_text and stream.ids == ids
+    kept = TextStream(tok, stop=("rt sys",), detect=False)
+    assert kept.add(ids[:-1]) + kept.settle(ids[-1:], engine_text + "rt sys") == engine_text + "rt sys"

@@ -49,6 +49,9 @@ class Choice:
         new = item.token_ids if isinstance(item, Delta) else item.token_ids[len(self.text.ids):]
         if item.logprobs is not None:
             self.logprobs = (self.logprobs or []) + list(item.logprobs[-len(new):] if new else [])
+        if isinstance(item, RequestOutput) and item.finish_reason == "stop" and not self.text.detect:
+            self.finish_reason, self.num_cached_tokens = "stop", item.num_cached_tokens
+            return self.text.settle(new, item.text)  # the engine stopped on a stop string (or a stop token)
         text = self.text.add(new)
         if item.prompt_logprobs is not None:
             self.prompt_logprobs = item.prompt_logprobs
@@ -74,8 +77,9 @@ class Generation:
     def __init__(self, loop: EngineLoop, tokenizer: Any, plan: RequestPlan, prompts: list[list[int]]) -> None:
         self.loop, self.plan, self.prompts = loop, plan, prompts
         self.inbox: asyncio.Queue = asyncio.Queue()
+        engine_stops = "stop" in SAMPLING_FIELDS  # then the engine ends requests on stop strings, min_tokens aware
         self.choices = [Choice(p * plan.n + i, ids, TextStream(tokenizer, plan.stop, plan.include_stop_str,
-                                                                plan.skip_special_tokens))
+                                                                plan.skip_special_tokens, detect=not engine_stops))
                         for p, ids in enumerate(prompts) for i in range(plan.n)]
         self.by_rid: dict[str, Choice] = {}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

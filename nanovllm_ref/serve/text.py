@@ -16,9 +16,10 @@ from typing import Any
 
 class TextStream:
     def __init__(self, tokenizer: Any, stop: tuple[str, ...] = (), include_stop: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, detect: bool = True) -> None:
         self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop
         self.skip_special = skip_special_tokens
+        self.detect = detect  # False: the engine applies the stop strings (`settle`); this only holds back
         self.ids: list[int] = []
         self._prefix = self._read = 0  # ids[_prefix:_read] was decoded last time; ids[_read:] is new
         self.text = ""  # all stable text so far (after a stop: trimmed)
@@ -51,7 +52,17 @@ class TextStream:
             self._find_stop()
         return self._take(final=True)
 
+    def settle(self, token_ids: list[int], text: str) -> str:
+        """End with the engine's own text (it applied the stop strings, min_tokens included): the unsent rest."""
+        if not text.startswith(self.text[: self._sent]):  # (only text that cannot begin a stop was sent)
+            return self.add(token_ids) + self.finish()  # not expected: this stream's own decode, then
+        self.ids += token_ids
+        self.text, self.stopped = text, True
+        return self._take(final=True)
+
     def _find_stop(self) -> None:
+        if not self.detect:
+            return
         start = max(0, self._sent - max((len(s) for s in self.stop), default=0))
         hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if hits:

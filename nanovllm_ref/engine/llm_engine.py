@@ -5,13 +5,17 @@ scheduled and launched before the current one's tokens are read back (`_step_asy
 scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
 SGLang's overlap scheduler).
 
-Bad input raises before any state changes; a failing request (non-finite logits) is finished with an
-error while the others go on; a request that can never fit is refused when added.
+Bad input raises before any state changes (every integer field range-checked: seeds to 64 bits, token ids and
+top_k to the vocabulary); a failing request (non-finite logits) is finished with an error while the others go
+on; an exception inside a step fails only that step's requests; a request that can never fit is refused when
+added.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import random
 from typing import Any
@@ -28,6 +32,8 @@ from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 
+_INT64 = range(-(2**63), 2**63)  # what the sampler's int64 tensors hold
+_SEEDS = range(-(2**63), 2**64)  # signed or unsigned 64-bit
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -94,6 +100,24 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     )
 
 
+def check_param_ranges(params: SamplingParams, vocab_size: int) -> None:
+    """Integers the sampler puts in int64 tensors must fit there (a seed may also be an unsigned 64-bit value:
+    it is reduced to int64 when the request is added); token ids and top_k must be inside the vocabulary."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        span = _SEEDS if f.name == "seed" else _INT64
+        if isinstance(value, int) and not isinstance(value, bool) and value not in span:
+            raise ValueError(f"{f.name} must be an int in [{span.start}, {span.stop - 1}], got {value}")
+    if params.top_k > vocab_size:
+        raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (or -1/0 to disable), got {params.top_k}")
+    for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):  # token ids (some fields are the sampling
+        ids = getattr(params, name, None) or ()  # issue's): a dict's keys, or the first of (id, value) pairs
+        ids = ids.keys() if isinstance(ids, dict) else [t[0] if isinstance(t, (tuple, list)) else t for t in ids]
+        bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+        if bad is not None:
+            raise ValueError(f"{name} has token id {bad!r}, outside the vocabulary [0, {vocab_size})")
+
+
 class LLMEngine:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -120,6 +144,7 @@ class LLMEngine:
         self._by_seq_id: dict[int, Sequence] = {}
         self._next_id = 0
         self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
+        self._stepping: list[SchedulerOutput] = []  # what the current step scheduled: failed together if it raises
 
     def _check_cache_fits_one_request(self, num_blocks: int) -> None:
         bs, max_len = self.config.kvcache_block_size, self.spec.max_model_len
@@ -137,6 +162,7 @@ class LLMEngine:
         """The prompt's token ids; raises ValueError/TypeError for anything the engine cannot serve."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        check_param_ranges(params, self.vocab_size)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompt given but the checkpoint has no tokenizer files; pass token ids")
@@ -164,7 +190,7 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seed = (params.seed + 2**63) % 2**64 - 2**63 if params.seed is not None else self._rng.getrandbits(63)
         seq = Sequence(request_id, token_ids, params, seed)
         self.scheduler.add(seq)
         self.requests[request_id] = seq
@@ -184,13 +210,34 @@ class LLMEngine:
 
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; returns the requests that finished in it."""
+        """Run one scheduling step; returns the requests that finished in it. An exception inside the step
+        finishes the requests it had scheduled with finish_reason "error" (and the exception's message); the
+        engine goes on serving the others."""
         if self.runner is None:
             raise RuntimeError("the engine was shut down")
+        self._stepping.clear()
+        try:
+            return self._step()
+        except Exception as e:
+            seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
+            if not seqs:  # nothing was scheduled: a scheduler bug, not one request's
+                raise
+            logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
+            self._ahead = None
+            failed = [seq for seq in seqs if self._by_seq_id.get(seq.seq_id) is seq]
+            for seq in failed:
+                if not seq.is_finished:
+                    seq.error = f"the engine step failed: {type(e).__name__}: {e}"
+                    self.scheduler.finish(seq, "error")
+            return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
+
+    def _step(self) -> list[RequestOutput]:
         if self._ahead is not None:  # the step launched ahead in the previous call
             (out, launched), self._ahead = self._ahead, None
+            self._stepping.append(out)
             return self._step_async(out, launched)
         out = self.scheduler.schedule()
+        self._stepping.append(out)
         if not out.scheduled:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
@@ -210,6 +257,7 @@ class LLMEngine:
         step behind it, which is dropped (as in vLLM's async scheduling)."""
         ahead = self.scheduler.schedule_ahead()
         if ahead is not None:
+            self._stepping.append(ahead)
             keep = None
             if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
                 keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]

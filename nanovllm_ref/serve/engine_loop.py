@@ -1,0 +1,151 @@
+"""The engine loop: one thread owns the engine (add, abort, step); requests await its results on asyncio queues.
+
+Commands (add, abort) go in through a thread-safe queue and are applied between steps, so an abort lands before
+the next step: a request whose client went away consumes at most the step already running. After each step,
+every request with new tokens gets a `Delta` (tokens and their logprobs) on its asyncio queue, and a finished
+one its `RequestOutput`. An exception that escapes a step (the engine already fails just the requests of a step
+that raises) ends the loop: every waiting request gets the error and `/health` turns 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from ..llm import LLM
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delta:
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # with the first delta (the prompt is done)
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+class _Stream:
+    """Where one request's items go: (request id, item) on an asyncio queue, put from the engine thread."""
+
+    __slots__ = ("rid", "inbox", "loop", "sent")
+
+    def __init__(self, rid: str, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
+        self.rid, self.inbox, self.loop, self.sent = rid, inbox, loop, 0
+
+    def put(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.inbox.put_nowait, (self.rid, item))
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+
+class EngineLoop(threading.Thread):
+    def __init__(self, llm: LLM) -> None:
+        super().__init__(daemon=True, name="nanovllm_ref-engine")
+        self.llm = llm
+        self.fatal: str | None = None  # why the loop died, if it did
+        self.num_steps = 0
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._ids = itertools.count()
+        self._stopping = False
+        self._death = threading.Lock()  # a request is either queued before the loop dies (and failed) or refused
+
+    @property
+    def healthy(self) -> bool:
+        return self.is_alive() and self.fatal is None
+
+    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError/TypeError as the engine would on add (reads only what never changes)."""
+        self.llm.engine.validate_request(token_ids, params)
+
+    def submit(self, token_ids: list[int], params: SamplingParams, inbox: asyncio.Queue) -> str:
+        """Queue a validated request; (its id, Delta / RequestOutput / Failed) items arrive on `inbox`."""
+        rid = f"req-{next(self._ids)}"
+        with self._death:
+            if not self.healthy:
+                raise RuntimeError(f"the engine loop is not running: {self.fatal or 'stopped'}")
+            self._commands.put(("add", rid, token_ids, params, _Stream(rid, inbox, asyncio.get_running_loop())))
+        return rid
+
+    def abort(self, rid: str) -> None:
+        self._commands.put(("abort", rid))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._commands.put(("wake",))
+
+    def active_request_ids(self) -> set[str]:
+        """The engine's unfinished requests (read from another thread: retried if the dict changes meanwhile)."""
+        while True:
+            try:
+                return set(self.llm.engine.requests)
+            except RuntimeError:
+                continue
+
+    def run(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_commands(block=not self.llm.has_unfinished())
+                if self.llm.has_unfinished():
+                    finished = self.llm.step()
+                    self.num_steps += 1
+                    self._deliver(finished)
+        except BaseException as e:  # an engine bug: say so to everyone waiting, and let /health tell
+            log.exception("the engine loop died")
+            with self._death:
+                self.fatal = f"{type(e).__name__}: {e}"
+            failed = Failed(f"the engine loop died: {self.fatal}")
+            for stream in self._streams.values():
+                stream.put(failed)
+            self._streams.clear()
+            while not self._commands.empty():  # requests queued but never added would wait forever
+                command = self._commands.get()
+                if command[0] == "add":
+                    command[-1].put(failed)
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            while True:
+                command = self._commands.get(block=block, timeout=0.5 if block else None)
+                block = False
+                if command[0] == "add":
+                    self._add(*command[1:])
+                elif command[0] == "abort" and command[1] in self._streams:
+                    self.llm.abort_request(command[1])
+                    self._streams.pop(command[1])
+        except queue.Empty:
+            pass
+
+    def _add(self, rid: str, token_ids: list[int], params: SamplingParams, stream: _Stream) -> None:
+        try:
+            self.llm.add_request(token_ids, params, request_id=rid)
+        except (ValueError, TypeError) as e:
+            stream.put(Failed(str(e)))
+            return
+        self._streams[rid] = stream
+
+    def _deliver(self, finished: list[RequestOutput]) -> None:
+        live = self.llm.engine.requests
+        for rid, stream in self._streams.items():
+            seq = live.get(rid)
+            if seq is not None and seq.num_output_tokens > stream.sent:
+                logprobs = None if seq.logprobs is None else seq.logprobs[stream.sent:seq.num_output_tokens]
+                prompt_logprobs = seq.prompt_logprobs if stream.sent == 0 else None
+                stream.put(Delta(seq.output_token_ids[stream.sent:], logprobs, prompt_logprobs))
+                stream.sent = seq.num_output_tokens
+        for out in finished:
+            stream = self._streams.pop(out.request_id, None)
+            if stream is not None:
+                stream.put(out)

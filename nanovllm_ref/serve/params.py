@@ -1,0 +1,134 @@
+"""From an OpenAI request to `SamplingParams` plus what the server itself does around the engine.
+
+Parameters map onto `SamplingParams` by their vLLM names. One that `dataclasses.fields(SamplingParams)` lacks is
+refused with a 400 naming it, unless its value is the neutral one (e.g. `presence_penalty: 0`), which is honoured
+trivially: so a feature added to the engine is served without an edit here, and none is ever silently ignored.
+
+The server's own part (`RequestPlan`): `n` choices are `n` engine requests (submitted together, each computes
+the prompt; choice i of a seeded request samples with seed + i, as the sampling engine's own `n` does); stop
+strings are watched over the detokenized text (the engine also gets them when `SamplingParams` has `stop`, and
+then ends the request itself; otherwise the server aborts it); `echo` prepends the prompt (and its logprobs);
+usage chunks in streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..sampling_params import SamplingParams
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+# values that leave sampling unchanged: accepted even where the engine lacks the feature
+NEUTRAL: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                           "min_p": 0.0, "min_tokens": 0, "logit_bias": {}}
+MAX_N = 64  # choices per request (each is an engine request)
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range; larger values are clipped, as vLLM does
+
+
+class BadRequest(ValueError):
+    """A request the server refuses; `status` and `param` go into the OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    params: SamplingParams  # for choice 0 (`choice_params(i)` for the others)
+    n: int
+    stop: tuple[str, ...]
+    include_stop_str: bool
+    echo: bool
+    tokens_as_ids: bool
+    skip_special_tokens: bool
+    usage_in_stream: bool
+    usage_every_chunk: bool
+    fill_max_tokens: bool  # chat without max_tokens: the rest of the context, as vLLM does
+
+    def choice_params(self, i: int) -> SamplingParams:
+        if i == 0 or self.params.seed is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=(self.params.seed + i + 2**63) % 2**64 - 2**63)
+
+
+def _engine_feature(kwargs: dict, name: str, value: Any) -> None:
+    if value is None or (name in NEUTRAL and value == NEUTRAL[name]):
+        return
+    if name not in SAMPLING_FIELDS:
+        raise BadRequest(f"{name}: not supported by this engine (SamplingParams has no {name!r} field)", name)
+    kwargs[name] = value
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    try:
+        return {int(k): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))) for k, v in raw.items()}
+    except ValueError:
+        raise BadRequest("logit_bias: keys must be token ids (integers as strings)", "logit_bias") from None
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if any(not s for s in stops):
+        raise BadRequest("stop: stop strings must be non-empty", "stop")
+    return stops
+
+
+def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
+    """Map the request; raise BadRequest for anything refused (before the engine sees it)."""
+    chat = isinstance(req, ChatCompletionRequest)
+    kwargs: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "prompt_logprobs"):
+        if getattr(req, name) is not None:
+            kwargs[name] = getattr(req, name)
+    kwargs["stop_token_ids"] = req.stop_token_ids or ()
+    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is not None:
+        kwargs["max_tokens"] = max_tokens
+    if chat:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise BadRequest("top_logprobs: needs logprobs=true", "top_logprobs")
+        if req.logprobs:
+            kwargs["logprobs"] = req.top_logprobs or 0
+        if req.continue_final_message and req.add_generation_prompt:
+            raise BadRequest("continue_final_message: needs add_generation_prompt=false", "continue_final_message")
+    else:
+        if req.logprobs is not None:
+            kwargs["logprobs"] = req.logprobs
+        if req.suffix is not None:
+            raise BadRequest("suffix: not supported (no fill-in-the-middle)", "suffix")
+        if req.best_of not in (None, req.n):
+            raise BadRequest("best_of: only best_of == n is supported (no server-side ranking)", "best_of")
+        if req.echo and req.logprobs is not None:  # the prompt's logprobs come with it, as in vLLM
+            kwargs["prompt_logprobs"] = max(kwargs.get("prompt_logprobs") or 0, req.logprobs)
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
+        _engine_feature(kwargs, name, getattr(req, name))
+    _engine_feature(kwargs, "logit_bias", _logit_bias(req.logit_bias))
+    stops = _stops(req.stop)
+    if stops and "stop" in SAMPLING_FIELDS:
+        kwargs["stop"] = list(stops)
+        if "include_stop_str_in_output" in SAMPLING_FIELDS:
+            kwargs["include_stop_str_in_output"] = req.include_stop_str_in_output
+    if not 1 <= req.n <= MAX_N:
+        raise BadRequest(f"n must be in [1, {MAX_N}], got {req.n}", "n")
+    if req.stream_options is not None and not req.stream:
+        raise BadRequest("stream_options: only with stream=true", "stream_options")
+    try:
+        params = SamplingParams(**kwargs)
+    except (ValueError, TypeError) as e:
+        name = next((k for k in kwargs if str(e).startswith(k)), None)
+        raise BadRequest(str(e), name) from None
+    options = req.stream_options or None
+    return RequestPlan(
+        params=params, n=req.n, stop=stops, include_stop_str=req.include_stop_str_in_output,
+        echo=(not chat) and req.echo, tokens_as_ids=req.return_tokens_as_token_ids,
+        skip_special_tokens=req.skip_special_tokens,
+        usage_in_stream=bool(options and (options.include_usage or options.continuous_usage_stats)),
+        usage_every_chunk=bool(options and options.continuous_usage_stats),
+        fill_max_tokens=chat and max_tokens is None,
+    )

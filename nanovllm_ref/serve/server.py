@@ -1,0 +1,108 @@
+"""Run the server: the engine, its loop thread, the app, and uvicorn with timeouts for slow clients.
+
+uvicorn's h11 protocol times out idle keep-alive connections but not a client that never finishes its request
+headers; `_Protocol` closes such a connection (with a 408) after `header_timeout_s`. The body's own timeout and
+size limit are the app's (app.BodyLimits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..engine.llm_engine import load_tokenizer
+from ..llm import LLM
+from .app import build_app
+from .engine_loop import EngineLoop
+from .routes import Served
+from .text import read_chat_template
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ()
+    chat_template: str | None = None  # a file, or the template itself
+    max_request_bytes: int = 4 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(args.host, args.port, tuple(args.served_model_name), read_chat_template(args.chat_template),
+                        args.max_request_bytes, args.header_timeout, args.body_timeout, args.log_level)
+
+
+def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
+    """No token decodes to more characters than its vocabulary entry has (byte-level and SentencePiece alike),
+    so a text longer than max_model_len times the longest entry cannot fit: refused without tokenizing."""
+    if tokenizer is None:
+        return 0
+    return max_model_len * max(len(token) for token in tokenizer.get_vocab())
+
+
+def make_served(llm: LLM, config: ServerConfig) -> Served:
+    loop = EngineLoop(llm)
+    loop.start()
+    tokenizer = load_tokenizer(llm.config.model)  # the server's copy; the engine thread uses the engine's
+    names = config.served_model_names or (str(llm.config.model),)
+    return Served(loop, tokenizer, names, read_chat_template(config.chat_template),
+                  max_prompt_chars(tokenizer, llm.engine.spec.max_model_len))
+
+
+class _Protocol(H11Protocol):
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.loop.call_later(self.header_timeout_s, self._headers_overdue)
+
+    def _headers_overdue(self) -> None:
+        if self.cycle is None and not self.transport.is_closing():  # still no complete request head
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            self.transport.close()
+
+
+def make_uvicorn(served: Served, config: ServerConfig) -> uvicorn.Server:
+    protocol = type("HeaderTimeoutProtocol", (_Protocol,), {"header_timeout_s": config.header_timeout_s})
+    app = build_app(served, config.max_request_bytes, config.body_timeout_s)
+    return uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, http=protocol,
+                                         log_level=config.log_level, timeout_keep_alive=5, lifespan="off"))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def serve(llm: LLM, config: ServerConfig) -> None:
+    """Serve until interrupted; then stop the engine loop and the engine."""
+    served = make_served(llm, config)
+    sock = bind(config.host, config.port)
+    print(f"nanovllm_ref serving {llm.config.model} as {served.model_names[0]!r} on "
+          f"http://{config.host}:{sock.getsockname()[1]}/v1 (API docs: /docs)", flush=True)
+    try:
+        make_uvicorn(served, config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on SIGINT, then re-raises it
+        pass
+    finally:
+        served.loop.stop()
+        llm.shutdown()

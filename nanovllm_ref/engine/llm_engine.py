@@ -153,7 +153,20 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        self._check_vocab_dependent(params)
         return token_ids
+
+    def _check_vocab_dependent(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: token ids, top_k against the vocabulary; stop strings."""
+        vocab = self.vocab_size
+        if params.top_k > vocab:
+            raise ValueError(f"top_k must be <= the vocabulary size {vocab} (or -1/0 to disable), got {params.top_k}")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and the checkpoint has none: use stop_token_ids")
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
@@ -165,6 +178,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seed = (seed + 2**63) % 2**64 - 2**63  # seeds span 64 bits (signed or not); the sampler takes int64
         seq = Sequence(request_id, token_ids, params, seed)
         self.scheduler.add(seq)
         self.requests[request_id] = seq

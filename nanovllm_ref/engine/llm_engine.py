@@ -216,7 +216,7 @@ class LLMEngine:
 
     def _can_launch_ahead(self, out: SchedulerOutput, step: StepInput) -> bool:
         return (self.config.async_scheduling and out.decode_batch is not None and isinstance(self.runner, ModelRunner)
-                and max(step.num_logprobs) < 0)
+                and max(step.num_logprobs) < 0 and not step.processed)  # penalties need every token on the host
 
     def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
         """With `out` in flight, schedule and launch the next decode step (its input ids are `out`'s tokens,

@@ -119,6 +119,7 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
+        self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
         self._next_id = 0
         self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
 
@@ -291,8 +292,15 @@ class LLMEngine:
     def _pop_output(self, seq: Sequence) -> RequestOutput | None:
         """The request's output once all its samples have finished (None before, and after it was popped)."""
         group = seq.group or [seq]
-        if self.requests.get(seq.request_id) is not group[0] or not all(s.is_finished for s in group):
+        if self.requests.get(seq.request_id) is not group[0]:
             return None
+        i = self._first_unfinished.get(seq.request_id, 0)  # a scan resumed where it stopped: O(n) per request
+        while i < len(group) and group[i].is_finished:
+            i += 1
+        if i < len(group):
+            self._first_unfinished[seq.request_id] = i
+            return None
+        self._first_unfinished.pop(seq.request_id, None)
         del self.requests[seq.request_id]
         samples = []
         for i, s in enumerate(group):

@@ -252,7 +252,10 @@ class ModelRunner:
             temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
         )
-        packed = sample(sample_logits, batch)
+        if len(step.processed) < len(step.sample_seq_ids):
+            packed = sample(sample_logits, batch)
+        else:  # every row takes the processing path: only the finite flags are needed from here
+            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
         processed = sample_processed(sample_logits, batch, step.processed, packed) if step.processed else None
         return sample_logits, packed, processed
 

@@ -37,7 +37,9 @@ def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: Sampli
     _mask_stops_before_min_tokens(scores, rows)
     _apply_penalties(scores, rows)
     min_p = torch.tensor([r.params.min_p for r in rows], device=scores.device)
-    return apply_warpers(scores, batch.temperature, batch.top_k, batch.top_p, min_p)
+    filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)  # else skip the sort
+    return apply_warpers(scores, batch.temperature, batch.top_k if filters else None, batch.top_p,
+                         min_p if any(r.params.min_p > 0 for r in rows) else None)
 
 
 def sample_processed(

@@ -48,12 +48,13 @@ def apply_min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(probs < min_p[:, None] * top, float("-inf"))
 
 
-def apply_warpers(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """transformers' warper order: temperature (greedy rows: 1), top-k, top-p, min-p. (vLLM applies min-p before
-    top-k/top-p: the two differ only when min_p and top_p are both set.)"""
+def apply_warpers(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                  top_p: torch.Tensor | None, min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """transformers' warper order: temperature (greedy rows: 1), top-k, top-p, min-p; None skips a warper.
+    (vLLM applies min-p before top-k/top-p: the two differ only when min_p and top_p are both set.)"""
     scores = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]
-    scores = apply_top_k_top_p(scores, top_k, top_p)
+    if top_k is not None:
+        scores = apply_top_k_top_p(scores, top_k, top_p)
     return scores if min_p is None else apply_min_p(scores, min_p)
 
 

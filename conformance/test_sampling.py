@@ -33,6 +33,7 @@ NUM_SAMPLES = 2000  # completions per (setting, prefix)
 MIN_GROUP = 200  # histories drawn fewer times are not tested
 PREFIXES = ("def __init__(self, x):\n    self.x = x\n    self.", "import os\nimport sys\n\n\ndef main():\n    ")
 DTYPE = "float32"
+TOP_K_GOLDEN = 20  # golden/make_sampling.py's TOP_K
 
 
 def _bias_top(top: list[int], eos: list[int], spec: dict[int, float]) -> dict[int, float]:
@@ -198,3 +199,80 @@ def test_stop_string_spanning_tokens(request_engine, sampling_model, prefixes, i
                                                        "stop": [stop], "include_stop_str_in_output": include})])[0][0]
     assert c.finish_reason == "stop", (stop, c.finish_reason)
     assert c.text == text[: cut - 1 + (len(stop) if include else 0)], (stop, text, c.text)
+
+
+# ---- goldens: transformers' processors on the golden checkpoints (golden/make_sampling.py) ----------------------
+
+def _golden(model_spec: ModelSpec, dtype: str) -> dict:
+    import json
+    from pathlib import Path
+
+    from golden.make_sampling import SAMPLING_DIR
+
+    path = Path(SAMPLING_DIR) / f"{model_spec.name}.{dtype}.json"
+    if not model_spec.golden or not path.is_file():
+        pytest.skip(f"no sampling goldens for {model_spec.name} in {dtype} (golden checkpoints only)")
+    return json.loads(path.read_text())
+
+
+def _tolerance(model_spec: ModelSpec, dtype: str) -> float:
+    from nanovllm_ref.oracle.tolerances import golden_tolerance
+
+    return golden_tolerance(dtype, checkpoint=model_spec.name).tol
+
+
+def test_sampling_golden_greedy_repetition_penalty(model_spec, dtype, engines) -> None:
+    """Greedy under repetition_penalty 0.8 / 1.3 = transformers' RepetitionPenaltyLogitsProcessor + argmax: token
+    for token in float32; in bfloat16 up to a first divergence where both tokens are near-tied in the golden's
+    penalized distribution (within the dtype's tolerance), as the golden test's policy."""
+    gold = _golden(model_spec, dtype)
+    engine = engines.get(model_spec, dtype)
+    if not supports_requests(engine):
+        pytest.skip(f"engine {engine.name} has no run_requests")
+    tol, exact = _tolerance(model_spec, dtype), dtype == "float32"
+    specs = [RequestSpec(g["prompt"], {"temperature": 0.0, "max_tokens": len(g["token_ids"]), "ignore_eos": True,
+                                       "repetition_penalty": g["repetition_penalty"]}) for g in gold["greedy"]]
+    bad = []
+    for g, out in zip(gold["greedy"], run(engine, specs)):
+        got, want = list(out[0].token_ids), g["token_ids"]
+        step = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if step is None and len(got) == len(want):
+            continue
+        top = {int(t): v for t, v in g["top_logprobs"][step].items()} if step is not None else {}
+        near_tie = step is not None and got[step] in top and top[want[step]] - top[got[step]] <= tol
+        if exact or not near_tie:
+            bad.append(f"  prompt {g['prompt'][:8]}..., repetition_penalty {g['repetition_penalty']}: first "
+                       f"difference at step {step}: engine {got[step] if step is not None else got} vs golden "
+                       f"{want[step] if step is not None else want} (golden top: {dict(list(top.items())[:5])})")
+    assert not bad, f"{model_spec.name} {dtype} (tolerance {tol:.1e}):\n" + "\n".join(bad)
+
+
+def test_sampling_golden_processed_logprobs(model_spec, dtype, engines) -> None:
+    """logprobs_mode="processed_logprobs": the top-20 after transformers' warpers (temperature, top-k, top-p,
+    min-p, repetition penalty) at fixed positions; float32: the same surviving tokens and values within the
+    tolerance; bfloat16: values of the tokens both keep within its tolerance, the engine's best kept by both."""
+    gold = _golden(model_spec, dtype)
+    engine = engines.get(model_spec, dtype)
+    if not supports_requests(engine):
+        pytest.skip(f"engine {engine.name} has no run_requests")
+    tol = _tolerance(model_spec, dtype)
+    rows = gold["processed"]
+    specs = [RequestSpec(r["prompt"], {**r["params"], "max_tokens": 1, "ignore_eos": True, "seed": 0,
+                                       "logprobs": len(r["top_logprobs"]) or 1, "logprobs_mode": "processed_logprobs"})
+             for r in rows]
+    bad = []
+    for r, out in zip(rows, run(engine, specs)):
+        want = {int(t): v for t, v in r["top_logprobs"].items()}
+        got = {t: v for t, v in out[0].logprobs[0].items() if v > float("-inf")}
+        common = set(want) & set(got)
+        off = {t: (got[t], want[t]) for t in common if abs(got[t] - want[t]) > tol}
+        # float32: the golden's tokens are the engine's top ones; the engine's sampled token may add one when the
+        # golden's list was cut at top-k (a smaller list is the whole support)
+        extra = {out[0].token_ids[0]} if len(want) == TOP_K_GOLDEN else set()
+        support = dtype == "float32" and not (set(want) <= set(got) and set(got) - set(want) <= extra)
+        best_lost = max(got, key=got.get) not in want
+        if off or support or best_lost:
+            bad.append(f"  {r['setting']} at prompt {r['prompt'][:8]}... ({len(r['prompt'])} tokens): values off "
+                       f"{off}; kept by the engine only {sorted(set(got) - set(want))}, by the golden only "
+                       f"{sorted(set(want) - set(got))}")
+    assert not bad, f"{model_spec.name} {dtype} (tolerance {tol:.1e}):\n" + "\n".join(bad)

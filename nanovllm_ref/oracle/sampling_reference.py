@@ -34,13 +34,13 @@ def eos_ids(model_path: str) -> list[int]:
 
 
 class ReferenceSampler:
-    """transformers' model (float32, eager attention, CPU) and processors for one checkpoint."""
+    """transformers' model (eager attention, CPU; logits cast to float32) and processors for one checkpoint."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch.float32, attn_implementation="eager").eval()
+            model_path, dtype=dtype, attn_implementation="eager").eval()
         self.eos = eos_ids(model_path)
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one reference per checkpoint, alive for the session)

@@ -95,7 +95,7 @@ def _apply_penalties(scores: torch.Tensor, rows: list[ProcessedRow]) -> None:
     idx = torch.tensor(chosen, device=dev)
     x, rep = scores[idx], column("repetition_penalty")
     x = torch.where(seen, torch.where(x < 0, x * rep, x / rep), x)
-    x -= column("frequency_penalty") * counts + column("presence_penalty") * (counts > 0)
+    x = x - column("frequency_penalty") * counts - column("presence_penalty") * (counts > 0)
     scores[idx] = x
 
 

@@ -50,37 +50,43 @@ class ReferenceSampler:
 
     def scores(self, prompt: list[int], history: list[int], params: dict[str, Any]) -> torch.Tensor:
         """(vocab,) float32 processed scores of the next token; -inf where the request cannot draw it."""
-        from transformers.generation import logits_process as lp
+        return process(self.logits(tuple(prompt) + tuple(history)), prompt, history, params, self.eos)
 
-        ids = torch.tensor([list(prompt) + list(history)])
-        scores = self.logits(tuple(ids[0].tolist())).clone()[None]  # (1, vocab)
-        bias = params.get("logit_bias")
-        if bias:
-            scores = lp.SequenceBiasLogitsProcessor([[[int(t)], float(b)] for t, b in bias.items()])(ids, scores)
-        rep = float(params.get("repetition_penalty", 1.0))
-        if rep != 1.0:
-            scores = lp.RepetitionPenaltyLogitsProcessor(rep)(ids, scores)
-        counts = torch.bincount(torch.tensor(list(history), dtype=torch.long), minlength=scores.shape[1])[None]
-        scores = scores - params.get("frequency_penalty", 0.0) * counts - params.get("presence_penalty", 0.0) * (
-            counts > 0)
-        stops = list(params.get("stop_token_ids") or []) + ([] if params.get("ignore_eos") else self.eos)
-        if params.get("min_tokens", 0) > len(history) and stops:
-            scores = lp.MinNewTokensLengthLogitsProcessor(len(prompt), params["min_tokens"], stops)(ids, scores)
-        temperature = float(params.get("temperature", 1.0))
-        if temperature == 0:
-            return scores[0]
-        warpers = []
-        if temperature != 1.0:
-            warpers.append(lp.TemperatureLogitsWarper(temperature))
-        if params.get("top_k", -1) > 0:
-            warpers.append(lp.TopKLogitsWarper(params["top_k"]))
-        if params.get("top_p", 1.0) < 1.0:
-            warpers.append(lp.TopPLogitsWarper(float(params["top_p"])))
-        if params.get("min_p", 0.0) > 0:
-            warpers.append(lp.MinPLogitsWarper(float(params["min_p"])))
-        for warper in warpers:
-            scores = warper(ids, scores)
+
+def process(logits: torch.Tensor, prompt: list[int], history: list[int], params: dict[str, Any],
+            eos: list[int]) -> torch.Tensor:
+    """(vocab,) raw logits after prompt + history -> transformers' processed scores for `params` (vLLM names)."""
+    from transformers.generation import logits_process as lp
+
+    ids = torch.tensor([list(prompt) + list(history)])
+    scores = logits.float().clone()[None]  # (1, vocab)
+    bias = params.get("logit_bias")
+    if bias:
+        scores = lp.SequenceBiasLogitsProcessor([[[int(t)], float(b)] for t, b in bias.items()])(ids, scores)
+    rep = float(params.get("repetition_penalty", 1.0))
+    if rep != 1.0:
+        scores = lp.RepetitionPenaltyLogitsProcessor(rep)(ids, scores)
+    counts = torch.bincount(torch.tensor(list(history), dtype=torch.long), minlength=scores.shape[1])[None]
+    scores = scores - params.get("frequency_penalty", 0.0) * counts - params.get("presence_penalty", 0.0) * (
+        counts > 0)
+    stops = list(params.get("stop_token_ids") or []) + ([] if params.get("ignore_eos") else eos)
+    if params.get("min_tokens", 0) > len(history) and stops:
+        scores = lp.MinNewTokensLengthLogitsProcessor(len(prompt), params["min_tokens"], stops)(ids, scores)
+    temperature = float(params.get("temperature", 1.0))
+    if temperature == 0:
         return scores[0]
+    warpers = []
+    if temperature != 1.0:
+        warpers.append(lp.TemperatureLogitsWarper(temperature))
+    if params.get("top_k", -1) > 0:
+        warpers.append(lp.TopKLogitsWarper(params["top_k"]))
+    if params.get("top_p", 1.0) < 1.0:
+        warpers.append(lp.TopPLogitsWarper(float(params["top_p"])))
+    if params.get("min_p", 0.0) > 0:
+        warpers.append(lp.MinPLogitsWarper(float(params["min_p"])))
+    for warper in warpers:
+        scores = warper(ids, scores)
+    return scores[0]
 
 
 @dataclass

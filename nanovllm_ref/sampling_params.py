@@ -113,11 +113,13 @@ class SamplingParams:
 
 
 def _checked_logit_bias(bias: object) -> dict[int, float] | None:
-    """A copy of `bias` ({token id: bias in [-100, 100]}, the OpenAI API's range), or None when empty."""
+    """A copy of `bias` ({token id: bias in [-100, 100]}, the OpenAI API's range), or None when empty. Keys may
+    be decimal strings, as JSON (the OpenAI API) sends them."""
     if bias is None:
         return None
     if not isinstance(bias, dict):
         raise ValueError(f"logit_bias must be a dict {{token id: bias}}, got {type(bias).__name__}")
+    bias = {int(t) if isinstance(t, str) and t.isdecimal() and len(t) <= 10 else t: v for t, v in bias.items()}
     for token, value in bias.items():
         if not _is_int(token) or not 0 <= token <= MAX_INT32:
             raise ValueError(f"logit_bias keys must be token ids (ints in [0, {MAX_INT32}]), got {token!r}")

@@ -76,7 +76,7 @@ BAD_PARAMS = {
     "repetition_penalty 0": (dict(repetition_penalty=0.0), r"repetition_penalty must be a number in \(0.0"),
     "min_tokens > max_tokens": (dict(min_tokens=5, max_tokens=4), r"min_tokens must be an int in \[0, 4\]"),
     "stop empty string": (dict(stop=[""]), "stop must be"),
-    "logit_bias key not an int": (dict(logit_bias={"5": 1.0}), "logit_bias keys"),
+    "logit_bias key not an int": (dict(logit_bias={"five": 1.0}), "logit_bias keys"),
     "logit_bias value > 100": (dict(logit_bias={5: 101.0}), r"logit_bias\[5\] must be a number in \[-100, 100\]"),
     "logprobs_mode unknown": (dict(logprobs_mode="raw"), "logprobs_mode must be one of"),
     "include_stop_str_in_output not bool": (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),

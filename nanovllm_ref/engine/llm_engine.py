@@ -155,20 +155,8 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
-        self._check_vocab_dependent(params)
+        params.check_model_limits(self.vocab_size, self.tokenizer is not None)
         return token_ids
-
-    def _check_vocab_dependent(self, params: SamplingParams) -> None:
-        """What SamplingParams cannot check alone: token ids, top_k against the vocabulary; stop strings."""
-        vocab = self.vocab_size
-        if params.top_k > vocab:
-            raise ValueError(f"top_k must be <= the vocabulary size {vocab} (or -1/0 to disable), got {params.top_k}")
-        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
-            bad = next((t for t in ids if t >= vocab), None)
-            if bad is not None:
-                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer, and the checkpoint has none: use stop_token_ids")
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None

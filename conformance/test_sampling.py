@@ -118,6 +118,28 @@ def history_groups(completions: list, max_tokens: int, stops: list[int]) -> dict
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_sampling_distribution(setting, request_engine, sampler_ref, prefixes) -> None:
+    check_distribution(setting, request_engine, sampler_ref, prefixes)
+
+
+@pytest.fixture(scope="session")
+def cuda_engine(sampling_model: ModelSpec, options):
+    if options.engine != "nanovllm_ref":
+        pytest.skip("the GPU variant drives nanovllm_ref; other engines pick their device themselves")
+    from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
+
+    adapter = NanovllmRefAdapter(sampling_model.path, DTYPE, device="cuda")
+    yield adapter
+    adapter.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_sampling_distribution_gpu(setting, cuda_engine, sampler_ref, prefixes) -> None:
+    """nanovllm_ref on CUDA: the fused Triton sampler and the torch processing path on the GPU."""
+    check_distribution(setting, cuda_engine, sampler_ref, prefixes)
+
+
+def check_distribution(setting: str, request_engine, sampler_ref: ReferenceSampler, prefixes: list[list[int]]) -> None:
     make, max_tokens = SETTINGS[setting]
     eos = sampler_ref.eos
     specs, params_of = [], []

@@ -114,6 +114,11 @@ def test_stop_strings_and_min_tokens_in_the_engine(llm) -> None:
     out = llm.generate([prompt], SamplingParams(stop=stop, include_stop_str_in_output=True, **greedy),
                        use_tqdm=False)[0]
     assert out.text == text[:6]
+    # a stop string completed by the last allowed token still makes the reason "stop", as in vLLM
+    tokens = llm.generate([prompt], SamplingParams(**greedy), use_tqdm=False)[0].token_ids
+    last = llm.tokenizer.decode(tokens[:4])
+    out = llm.generate([prompt], SamplingParams(stop=last[-2:], **{**greedy, "max_tokens": 4}), use_tqdm=False)[0]
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", last[-2:], last[:-2]), (out, last)
     # a stop string met before min_tokens does not stop the request
     late = llm.generate([prompt], SamplingParams(stop=stop, min_tokens=15, **greedy), use_tqdm=False)[0]
     assert len(late.token_ids) >= 15

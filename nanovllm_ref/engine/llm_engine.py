@@ -269,10 +269,12 @@ class LLMEngine:
             if detok is None or detok.stopped or seq.num_output_tokens == detok.num_fed:
                 continue
             found = detok.add(seq.output_token_ids[detok.num_fed :], seq.num_output_tokens >= seq.params.min_tokens)
-            if found is not None and not seq.is_finished:
+            if found is None:
+                continue
+            if not seq.is_finished:
                 self.scheduler.finish(seq, "stop")
-                seq.stop_reason = found
                 stopped.append(seq)
+            seq.finish_reason, seq.stop_reason = "stop", found  # also over "length" at the last token, as vLLM
         if stopped:
             self._drop_ahead_if_done()
         return stopped

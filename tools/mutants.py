@@ -154,7 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
       'column("presence_penalty") * counts - column("frequency_penalty") * (counts > 0)',
       "presence and frequency penalties swapped", (f"{SAMPLING_CONF}::test_sampling_distribution",)),
     M("sampling-penalties-count-prompt", "nanovllm_ref/layers/logits_processing.py",
-      "- start >= num_prompt).float()", "- start >= 0).float()",
+      "float(p >= r.num_prompt_tokens)", "float(p >= 0)",
       "presence/frequency penalties count prompt tokens too (OpenAI/vLLM: output tokens only)",
       (f"{SAMPLING_CONF}::test_sampling_distribution",)),
     M("sampling-min-tokens-one-short", "nanovllm_ref/layers/logits_processing.py",

@@ -14,7 +14,7 @@ import torch
 from ..attention import AttentionMetadata, forward_context, get_backend_class
 from ..distributed import all_reduce_min, tp_rank
 from ..layers.attention import Attention
-from ..layers.logits_processing import logprob_scores, sample_processed
+from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
 from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
@@ -79,6 +79,7 @@ class ModelRunner:
         else:
             load_weights(self.model, spec.model_path)
         self.graphs: DecodeGraphs | None = None
+        self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.enforce_eager:
@@ -256,7 +257,8 @@ class ModelRunner:
             packed = sample(sample_logits, batch)
         else:  # every row takes the processing path: only the finite flags are needed from here
             packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
-        processed = sample_processed(sample_logits, batch, step.processed, packed) if step.processed else None
+        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
+                     if step.processed else None)
         return sample_logits, packed, processed
 
     def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],

@@ -21,6 +21,7 @@ class ProcessedRow(NamedTuple):
     token_ids: list[int]  # the sequence's own list (prompt, then output): read, never written
     num_prompt_tokens: int
     stop_ids: frozenset[int]  # EOS and stop_token_ids: masked while the output is shorter than min_tokens
+    seq_id: int = -1  # keys the penalty counts kept across steps (-1: none kept)
 
 
 class SequenceStatus(Enum):
@@ -71,7 +72,7 @@ class Sequence:
         )
 
     def processed_row(self, row: int) -> ProcessedRow:
-        return ProcessedRow(row, self.params, self.token_ids, self.num_prompt_tokens, self.stop_ids)
+        return ProcessedRow(row, self.params, self.token_ids, self.num_prompt_tokens, self.stop_ids, self.seq_id)
 
     @property
     def num_tokens(self) -> int:

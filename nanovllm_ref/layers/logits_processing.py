@@ -29,13 +29,14 @@ from ..kernels.sampling import gumbel_sample_reference
 from .sampler import SamplingBatch, apply_warpers
 
 
-def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: SamplingBatch) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: SamplingBatch,
+                   penalties: PenaltyCounts | None = None) -> torch.Tensor:
     """(m, vocab) raw logits of `rows` -> (m, vocab) float32 processed scores (steps 1-5); `batch` holds the
     rows' temperature, top_k and top_p (already indexed to `rows`)."""
     scores = logits.float().clone()
     _add_logit_bias(scores, rows)
     _mask_stops_before_min_tokens(scores, rows)
-    _apply_penalties(scores, rows)
+    _apply_penalties(scores, rows, penalties or PenaltyCounts())
     min_p = torch.tensor([r.params.min_p for r in rows], device=scores.device)
     filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)  # else skip the sort
     return apply_warpers(scores, batch.temperature, batch.top_k if filters else None, batch.top_p,
@@ -43,14 +44,15 @@ def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: Sampli
 
 
 def sample_processed(
-    logits: torch.Tensor, batch: SamplingBatch, rows: list[ProcessedRow], packed: torch.Tensor
+    logits: torch.Tensor, batch: SamplingBatch, rows: list[ProcessedRow], packed: torch.Tensor,
+    penalties: PenaltyCounts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample `rows` of `logits` (n, vocab) on the torch path, writing their tokens into `packed` (2, n) (the fused
     sampler's output; its finite flags, of the raw logits, stay). Returns (row indices (m,), processed scores)."""
     idx = torch.tensor([r.row for r in rows], device=logits.device)
     sub = SamplingBatch(batch.temperature[idx], batch.top_k[idx], batch.top_p[idx], batch.seeds[idx],
                         batch.counters[idx], needs_filter=True)
-    scores = process_logits(logits[idx], rows, sub)
+    scores = process_logits(logits[idx], rows, sub, penalties)
     # already scaled: temperature 1 for sampled rows, 0 (argmax) for greedy ones
     packed[0, idx] = gumbel_sample_reference(scores, (sub.temperature > 0).float(), sub.seeds, sub.counters)[0]
     return idx, scores
@@ -73,21 +75,38 @@ def _mask_stops_before_min_tokens(scores: torch.Tensor, rows: list[ProcessedRow]
         scores[torch.tensor(i, device=scores.device), torch.tensor(t, device=scores.device)] = float("-inf")
 
 
-def _apply_penalties(scores: torch.Tensor, rows: list[ProcessedRow]) -> None:
+class PenaltyCounts:
+    """Per sequence, its output-token counts and seen-token mask (prompt or output) on the device, kept across
+    steps: a step uploads only the tokens added since the sequence's last sampled step (usually one), not its
+    whole history. Sequences absent from a step are dropped (rebuilt from their tokens if they come back)."""
+
+    def __init__(self) -> None:
+        self.state: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # seq_id -> (counts, seen, tokens in)
+
+    def update(self, rows: list[ProcessedRow], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(counts (m, vocab) float32 over output tokens, seen (m, vocab) bool over prompt and output tokens)."""
+        olds = [self.state.get(r.seq_id) if r.seq_id >= 0 else None for r in rows]
+        counts = torch.stack([o[0] if o else torch.zeros(vocab, device=device) for o in olds])
+        seen = torch.stack([o[1] if o else torch.zeros(vocab, dtype=torch.bool, device=device) for o in olds])
+        starts = [o[2] if o else 0 for o in olds]
+        tokens = list(chain.from_iterable(r.token_ids[n:] for r, n in zip(rows, starts)))  # one upload
+        row_of = [j for j, (r, n) in enumerate(zip(rows, starts)) for _ in range(len(r.token_ids) - n)]
+        is_output = [float(p >= r.num_prompt_tokens) for r, n in zip(rows, starts) for p in range(n, len(r.token_ids))]
+        if tokens:
+            at = (torch.tensor(row_of, device=device), torch.tensor(tokens, device=device))
+            counts.index_put_(at, torch.tensor(is_output, device=device), accumulate=True)
+            seen[at] = True
+        self.state = {r.seq_id: (counts[j], seen[j], len(r.token_ids)) for j, r in enumerate(rows) if r.seq_id >= 0}
+        return counts, seen
+
+
+def _apply_penalties(scores: torch.Tensor, rows: list[ProcessedRow], penalties: PenaltyCounts) -> None:
     chosen = [i for i, r in enumerate(rows) if r.params.uses_penalties]
     if not chosen:
         return
-    dev, vocab = scores.device, scores.shape[1]
+    dev = scores.device
     seqs = [rows[i] for i in chosen]
-    lengths = torch.tensor([len(r.token_ids) for r in seqs], device=dev)
-    tokens = torch.tensor(list(chain.from_iterable(r.token_ids for r in seqs)), device=dev)  # one upload
-    row_of = torch.repeat_interleave(torch.arange(len(seqs), device=dev), lengths)
-    start = (lengths.cumsum(0) - lengths)[row_of]
-    num_prompt = torch.tensor([r.num_prompt_tokens for r in seqs], device=dev)[row_of]
-    is_output = (torch.arange(len(tokens), device=dev) - start >= num_prompt).float()
-    counts = torch.zeros(len(seqs), vocab, device=dev).index_put_((row_of, tokens), is_output, accumulate=True)
-    seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=dev)
-    seen[row_of, tokens] = True  # prompt or output: the repetition penalty's set
+    counts, seen = penalties.update(seqs, scores.shape[1], dev)
 
     def column(name: str) -> torch.Tensor:
         return torch.tensor([getattr(r.params, name) for r in seqs], device=dev)[:, None]

@@ -120,6 +120,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
+        self._with_stop_strings: dict[int, Sequence] = {}  # seq_id -> sequence, while it runs (plain steps: empty)
         self._next_id = 0
         self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
 
@@ -178,6 +179,7 @@ class LLMEngine:
             if params.stop:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
                                                          params.include_stop_str_in_output)
+                self._with_stop_strings[seq.seq_id] = seq
             if seqs:
                 seq.prefill_after, seq.group = seqs[0], seqs
             seqs.append(seq)
@@ -258,15 +260,16 @@ class LLMEngine:
         for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
             self._by_seq_id[seq_id].logprobs.append(entry)
         done += self.scheduler.update(out, result.sampled, result.tokens)
-        done += self._check_stop_strings(out)
+        if self._with_stop_strings:
+            done += self._check_stop_strings()
         return [o for o in map(self._pop_output, done) if o is not None]
 
-    def _check_stop_strings(self, out: SchedulerOutput) -> list[Sequence]:
+    def _check_stop_strings(self) -> list[Sequence]:
         """Feed the new tokens of requests with stop strings to their detokenizers; finish those that stopped."""
         stopped = []
-        for seq, _ in out.scheduled:
+        for seq in list(self._with_stop_strings.values()):
             detok = seq.detokenizer
-            if detok is None or detok.stopped or seq.num_output_tokens == detok.num_fed:
+            if detok.stopped or seq.num_output_tokens == detok.num_fed:
                 continue
             found = detok.add(seq.output_token_ids[detok.num_fed :], seq.num_output_tokens >= seq.params.min_tokens)
             if found is None:
@@ -295,6 +298,7 @@ class LLMEngine:
         samples = []
         for i, s in enumerate(group):
             del self._by_seq_id[s.seq_id]
+            self._with_stop_strings.pop(s.seq_id, None)
             tokens = s.output_token_ids
             if s.stop_reason is None and s.finish_reason == "stop" and tokens and tokens[-1] in s.params.stop_token_ids:
                 s.stop_reason = tokens[-1]

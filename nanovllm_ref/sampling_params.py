@@ -1,57 +1,140 @@
 """Per-request sampling parameters: a frozen dataclass validated at construction.
 
-Field names and defaults follow vLLM's `SamplingParams` so users can switch without surprises
-(temperature 0 means greedy; top_k -1 or 0 disables top-k).
+Field names, defaults and semantics follow vLLM's `SamplingParams` so users can switch without surprises
+(temperature 0 means greedy; top_k -1 or 0 disables top-k; penalties, min_p, min_tokens, logit_bias, stop
+strings and n as in vLLM / the OpenAI API). `logprobs_mode` is vLLM's engine-level setting, per request here.
+What depends on the model (token ids < vocab size, top_k <= vocab size, stop strings need a tokenizer) is
+checked when the request is added (LLMEngine.validate_request). Every message names the field and its limit.
+References: vLLM vllm/sampling_params.py; OpenAI API reference (presence/frequency penalties, logit_bias).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; the golden outputs store top-20
+MAX_N = 4096
+MAX_INT32 = 2**31 - 1
+SEED_RANGE = (-(2**63), 2**64)  # torch.Generator.manual_seed's range; stored as int64 (two's complement)
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not _is_int(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+
+
+def _check_number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    if not _is_number(value) or not (low < value if low_open else low <= value) or value > high:
+        raise ValueError(f"{name} must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    n: int = 1
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     max_tokens: int = 16
+    min_tokens: int = 0
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logprobs_mode: str = "raw_logprobs"
 
     def __post_init__(self) -> None:
+        _check_int("n", self.n, 1, MAX_N)
         t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or math.isnan(t) or t < 0 or math.isinf(t):
+        if not _is_number(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if not _is_int(self.top_k) or not (self.top_k in (-1, 0) or self.top_k >= 1):
-            raise ValueError(f"top_k must be an int: -1 or 0 (disabled) or >= 1, got {self.top_k!r}")
-        p = self.top_p
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not _is_int(self.top_k) or not (self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_INT32):
+            raise ValueError(f"top_k must be an int: -1 or 0 (disabled) or in [1, {MAX_INT32}], got {self.top_k!r}")
+        _check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_number("min_p", self.min_p, 0.0, 1.0)
+        _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e4, low_open=True)
+        if self.seed is not None:
+            _check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1)
+        _check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if stop is None:
+            stop = ()
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
         stops = self.stop_token_ids
-        if not isinstance(stops, (list, tuple)) or not all(_is_int(s) and s >= 0 for s in stops):
-            raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {stops!r}")
+        if not isinstance(stops, (list, tuple)) or not all(_is_int(s) and 0 <= s <= MAX_INT32 for s in stops):
+            raise ValueError(f"stop_token_ids must be a list of ints in [0, {MAX_INT32}], got {stops!r}")
         object.__setattr__(self, "stop_token_ids", tuple(stops))
+        object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(self, name)
             if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {n!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+
+    def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:
+        """What depends on the model, checked when the request is added: token ids and top_k against the
+        vocabulary, stop strings against the presence of a tokenizer."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (-1/0: off), got {self.top_k}")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
+        if self.stop and not has_tokenizer:
+            raise ValueError("stop strings need a tokenizer, and the checkpoint has none: use stop_token_ids")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """Whether the request's row takes the torch processing path (the fused sampler does the rest)."""
+        return (self.uses_penalties or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias)
+                or self.logprobs_mode != "raw_logprobs")
+
+
+def _checked_logit_bias(bias: object) -> dict[int, float] | None:
+    """A copy of `bias` ({token id: bias in [-100, 100]}, the OpenAI API's range), or None when empty. Keys may
+    be decimal strings, as JSON (the OpenAI API) sends them."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict {{token id: bias}}, got {type(bias).__name__}")
+    bias = {int(t) if isinstance(t, str) and t.isdecimal() and len(t) <= 10 else t: v for t, v in bias.items()}
+    for token, value in bias.items():
+        if not _is_int(token) or not 0 <= token <= MAX_INT32:
+            raise ValueError(f"logit_bias keys must be token ids (ints in [0, {MAX_INT32}]), got {token!r}")
+        if not _is_number(value) or not -100 <= value <= 100:
+            raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {value!r}")
+    return {int(t): float(v) for t, v in bias.items()} or None

@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--full-warmup", action="store_true", help="also run the whole workload once, untimed")
     p.add_argument("--num-requests", type=int, default=None, help="only the first N requests of the workload")
     p.add_argument("--temperature", type=float, default=None, help="override (nano-vllm's bench uses 0.6)")
+    p.add_argument("--penalized-fraction", type=float, default=0.0,
+                   help="fraction of requests with repetition/presence/frequency penalties (issue 18)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -65,6 +67,8 @@ def _throughput(llm: Any, args: argparse.Namespace, shape: ModelShape, ceilings:
         w = w.subset(args.num_requests)
     if args.temperature is not None:
         w = w.with_temperature(args.temperature)
+    if args.penalized_fraction:
+        w = w.with_penalties(args.penalized_fraction)
     if args.full_warmup:
         r = run_throughput(llm, w)
         print(f"  full warm-up: {r.wall_s:.2f} s, {r.output_tok_s:,.0f} output tok/s", flush=True)

@@ -46,9 +46,15 @@ def build_llm(
     return LLM(model_folder(arch, model), **kwargs)
 
 
+PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+
+
 def params_for(workload: Workload) -> list[SamplingParams]:
-    return [SamplingParams(temperature=workload.temperature, max_tokens=n, ignore_eos=True)
-            for n in workload.output_lens]
+    """Request i takes PENALTIES when floor((i + 1) f) > floor(i f), f = the workload's penalized fraction."""
+    f = float(workload.notes.get("penalized_fraction", 0.0))
+    return [SamplingParams(temperature=workload.temperature, max_tokens=n, ignore_eos=True,
+                           **(PENALTIES if int((i + 1) * f) > int(i * f) else {}))
+            for i, n in enumerate(workload.output_lens)]
 
 
 def warmup(llm: LLM, max_prompt: int = 1024, max_tokens: int = 8) -> None:

@@ -82,6 +82,19 @@ def test_bench_engine_cli_smoke(tmp_path, capsys):
     assert "fraction of roofline" in capsys.readouterr().out
 
 
+def test_penalized_fraction_spreads_penalties_evenly(tmp_path):
+    from perf.engine_runner import params_for
+
+    params = params_for(workloads.headline().with_penalties(0.1))
+    marked = [i for i, p in enumerate(params) if p.uses_penalties]
+    assert len(marked) == 25 and marked[:3] == [9, 19, 29]  # 10% of 256, every tenth
+    assert not any(p.uses_penalties for p in params_for(workloads.headline()))
+    out = tmp_path / "r.json"
+    assert bench_engine.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
+                              "--penalized-fraction", "0.5", "--no-ceilings", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["throughput"]["workload"]["penalized_fraction"] == 0.5
+
+
 @pytest.mark.smoke
 def test_hf_static_peer_smoke():
     rec = peers.run_one(peers.parse_args(["--peer", "hf-static", "--arch", "tiny", "--workload", "smoke",

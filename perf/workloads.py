@@ -55,6 +55,14 @@ class Workload:
     def with_temperature(self, temperature: float) -> Workload:
         return Workload(self.name, self.prompts, self.output_lens, temperature, self.notes)
 
+    def with_penalties(self, fraction: float) -> Workload:
+        """A fraction of the requests, spread evenly, with penalties (engine_runner.PENALTIES): issue 18's check
+        that plain requests keep their speed next to them."""
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"penalized fraction must be in [0, 1], got {fraction}")
+        return Workload(self.name, self.prompts, self.output_lens, self.temperature,
+                        {**self.notes, "penalized_fraction": fraction})
+
     def summary(self) -> dict[str, object]:
         return {"workload": self.name, "requests": self.num_requests, "prompt_tokens": self.prompt_tokens,
                 "output_tokens": self.output_tokens, "temperature": self.temperature, **self.notes}

@@ -38,6 +38,9 @@ BAD_REQUESTS = {
     "token ids of the wrong type": ([5, "6"], GREEDY, TypeError, "list of ints"),
     "prompt of the wrong type": (42, GREEDY, TypeError, "prompt must be"),
     "params of the wrong type": ([5], {"max_tokens": 3}, TypeError, "SamplingParams"),
+    "top_k > vocab": ([5], SamplingParams(top_k=10**6), ValueError, "top_k must be <= the vocabulary size"),
+    "logit_bias id >= vocab": ([5], SamplingParams(logit_bias={10**6: 1.0}), ValueError, "logit_bias has token id"),
+    "stop_token_ids id >= vocab": ([5], SamplingParams(stop_token_ids=[10**6]), ValueError, "stop_token_ids has"),
 }
 
 
@@ -65,6 +68,18 @@ BAD_PARAMS = {
     "prompt_logprobs negative": (dict(prompt_logprobs=-1), "prompt_logprobs"),
     "stop_token_ids not ints": (dict(stop_token_ids=["a"]), "stop_token_ids"),
     "seed float": (dict(seed=1.5), "seed"),
+    "seed beyond 64 bits": (dict(seed=2**64), r"seed must be an int in \[-9223372036854775808, 18446744073709551615\]"),
+    "n 0": (dict(n=0), r"n must be an int in \[1, 4096\]"),
+    "min_p > 1": (dict(min_p=1.5), r"min_p must be a number in \[0.0, 1.0\]"),
+    "presence_penalty > 2": (dict(presence_penalty=2.5), r"presence_penalty must be a number in \[-2.0, 2.0\]"),
+    "frequency_penalty nan": (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    "repetition_penalty 0": (dict(repetition_penalty=0.0), r"repetition_penalty must be a number in \(0.0"),
+    "min_tokens > max_tokens": (dict(min_tokens=5, max_tokens=4), r"min_tokens must be an int in \[0, 4\]"),
+    "stop empty string": (dict(stop=[""]), "stop must be"),
+    "logit_bias key not an int": (dict(logit_bias={"five": 1.0}), "logit_bias keys"),
+    "logit_bias value > 100": (dict(logit_bias={5: 101.0}), r"logit_bias\[5\] must be a number in \[-100, 100\]"),
+    "logprobs_mode unknown": (dict(logprobs_mode="raw"), "logprobs_mode must be one of"),
+    "include_stop_str_in_output not bool": (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),
 }
 
 

@@ -69,6 +69,15 @@ def test_counter_uniform_is_uniform_and_deterministic():
     assert not torch.equal(u[0], u[1])
 
 
+def test_gumbel_noise_is_finite_at_the_extreme_bits():
+    """The largest hash value must not round to u = 1 (noise +inf would draw its token whatever the logit: it
+    happened with 24 bits, once in 2^24 vocabulary entries, and the sampling conformance test caught it)."""
+    from nanovllm_ref.kernels.sampling import uniform_from_bits
+
+    u = uniform_from_bits(torch.tensor([0, 1, 2**23 - 2, 2**23 - 1]))
+    assert (u > 0).all() and (u < 1).all() and torch.isfinite(-torch.log(-torch.log(u))).all()
+
+
 def test_one_seed_draws_fresh_noise_at_every_position():
     """One seeded request over N positions: the noise must depend on the position, so the tokens follow the
     distribution instead of repeating one draw."""

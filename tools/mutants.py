@@ -35,6 +35,7 @@ RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
 ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
 BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/properties/test_scheduler_props.py"
 SAMPLING = "tests/test_sampling.py"
+SAMPLING_CONF = "conformance/test_sampling.py"
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("flash-attn-not-causal", "nanovllm_ref/attention/flash_attn_backend.py",
       "causal=True, block_table=meta.block_tables", "causal=False, block_table=meta.block_tables",
       "flash-attn backend: prefill without the causal mask", ("tests/test_flash_attn_backend.py",)),
-    M("top-k-off-by-one", "nanovllm_ref/layers/sampler.py", "drop = rank >= k", "drop = rank > k",
+    M("top-k-off-by-one", "nanovllm_ref/layers/sampler.py", "sorted_logits.gather(-1, (vocab - k)[:, None])",
+      "sorted_logits.gather(-1, (vocab - k - 1).clamp(min=0)[:, None])",
       "top-k keeps k + 1 tokens", (f"{SAMPLING}::test_top_k_restricts_support_and_renormalizes",)),
-    M("top-p-nucleus", "nanovllm_ref/layers/sampler.py", "mass_before = probs.cumsum(dim=-1) - probs",
-      "mass_before = probs.cumsum(dim=-1)", "top-p drops the token that crosses p",
+    M("top-p-nucleus", "nanovllm_ref/layers/sampler.py", "drop = probs.cumsum(dim=-1) <= 1 - top_p",
+      "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p", "top-p drops the token that crosses p",
       (f"{SAMPLING}::test_top_p_keeps_the_smallest_nucleus",)),
     M("temperature-multiplies", "nanovllm_ref/kernels/sampling.py",
       "scores = logits / torch.where(temperature > 0", "scores = logits * torch.where(temperature > 0",
@@ -125,6 +127,43 @@ MUTANTS: tuple[Mutant, ...] = (
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", 'offset = q_size if shard_id == "k" else q_size + kv_size',
       'offset = q_size + kv_size if shard_id == "k" else q_size', "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),
+    # sampling (issue 18): each caught by the sampling conformance test (what another engine runs)
+    M("sampling-top-p-drops-boundary", "nanovllm_ref/layers/sampler.py",
+      "drop = probs.cumsum(dim=-1) <= 1 - top_p", "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p",
+      "top-p drops the token that crosses p (the nucleus falls short of p)",
+      (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-top-p-keeps-one-more", "nanovllm_ref/layers/sampler.py",
+      "drop = probs.cumsum(dim=-1) <= 1 - top_p", "drop = probs.cumsum(dim=-1) + probs.roll(-1, -1) <= 1 - top_p",
+      "top-p keeps the token after the one that crosses p", (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-temperature-after-top-p", "nanovllm_ref/layers/sampler.py",
+      "scores = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]\n"
+      "    if top_k is not None:\n        scores = apply_top_k_top_p(scores, top_k, top_p)\n",
+      "scores = logits.float()\n    if top_k is not None:\n        scores = apply_top_k_top_p(scores, top_k, top_p)\n"
+      "    scores = scores / torch.where(temperature > 0, temperature, 1.0)[:, None]\n",
+      "temperature applied after top-k/top-p (the nucleus of the unscaled distribution)",
+      (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-repetition-penalty-sign", "nanovllm_ref/layers/logits_processing.py",
+      "torch.where(x < 0, x * rep, x / rep)", "torch.where(x < 0, x / rep, x * rep)",
+      "repetition penalty pushes negative logits up and positive ones down (the sign test inverted)",
+      (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-min-p-wrong-max", "nanovllm_ref/layers/sampler.py", "top = probs.amax(dim=-1, keepdim=True)",
+      "top = 1.0", "min-p threshold against probability 1, not the most likely token's",
+      (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-presence-frequency-swapped", "nanovllm_ref/layers/logits_processing.py",
+      'column("frequency_penalty") * counts - column("presence_penalty") * (counts > 0)',
+      'column("presence_penalty") * counts - column("frequency_penalty") * (counts > 0)',
+      "presence and frequency penalties swapped", (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-penalties-count-prompt", "nanovllm_ref/layers/logits_processing.py",
+      "float(p >= r.num_prompt_tokens)", "float(p >= 0)",
+      "presence/frequency penalties count prompt tokens too (OpenAI/vLLM: output tokens only)",
+      (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-min-tokens-one-short", "nanovllm_ref/layers/logits_processing.py",
+      "< r.params.min_tokens for t in r.stop_ids", "< r.params.min_tokens - 1 for t in r.stop_ids",
+      "min_tokens masks EOS for one token too few", (f"{SAMPLING_CONF}::test_sampling_distribution",)),
+    M("sampling-n-shared-seed", "nanovllm_ref/engine/llm_engine.py", "seed = (base + i + 2**63)",
+      "seed = (base + 2**63)", "the n samples of a request share one seed (n copies of one sample)",
+      (f"{SAMPLING_CONF}::test_seeded_samples_reproducible_one_by_one",
+       f"{SAMPLING_CONF}::test_sampling_distribution")),
 )
 
 

@@ -58,6 +58,7 @@ class DecodeBatch:
         # the next step's input ids, kept (deriving them from token_lists costs ~10 us a step on this path)
         self.last_token = list(map(itemgetter(-1), self.token_lists))
         self.stop_rows = [r for r, seq in enumerate(seqs) if seq.stop_ids]
+        self.processed_rows = [r for r, seq in enumerate(seqs) if seq.needs_processing]
         # (seq_id, temperature, top_k, top_p, seed, num_logprobs) columns, as StepInput wants them
         self.sampling = list(map(list, zip(*map(attrgetter("sampling_row"), seqs))))
         self._row_lists()
@@ -120,6 +121,7 @@ class DecodeBatch:
             seq_lens=seq_lens, block_tables=list(self.tables), logits_indices=self.rows, sample_seq_ids=seq_ids,
             sample_rows=self.rows, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
             counters=seq_lens, num_logprobs=num_logprobs, block_table_array=self.table_array[:, : self.width],
+            processed=[self.seqs[r].processed_row(r) for r in self.processed_rows],
         )
 
     def advance(self, tokens: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
@@ -153,4 +155,5 @@ class DecodeBatch:
         self.width = max(map(len, self.tables), default=0)
         new_row = (np.cumsum(keep) - 1).tolist()
         self.stop_rows = [new_row[r] for r in self.stop_rows if kept[r]]
+        self.processed_rows = [new_row[r] for r in self.processed_rows if kept[r]]
         self._row_lists()

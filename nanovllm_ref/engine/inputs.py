@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .scheduler import SchedulerOutput
-from .sequence import Sequence
+from .sequence import ProcessedRow, Sequence
 
 
 @dataclass
@@ -32,6 +32,8 @@ class StepInput:
     seeds: list[int] = field(default_factory=list)
     counters: list[int] = field(default_factory=list)  # position of the token being sampled
     num_logprobs: list[int] = field(default_factory=list)  # -1: none
+    # rows with penalties, logit bias, min_tokens, min-p or processed logprobs (empty for plain batches)
+    processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
     # block_tables as a zero-padded (num_seqs, max blocks) int32 array, when the scheduler has it (decode steps)
@@ -81,6 +83,8 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
         if seq.params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, first_row)
         if out.samples(seq, num_new):
+            if seq.needs_processing:
+                step.processed.append(seq.processed_row(len(sampling_rows)))
             sampling_rows.append(seq.sampling_row + (len(logits_indices), end))
             logits_indices.append(first_row + num_new - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence

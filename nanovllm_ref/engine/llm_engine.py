@@ -24,9 +24,10 @@ import torch
 
 from ..config import Config
 from ..models import check_sliding_window
-from ..outputs import RequestOutput
+from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
+from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
@@ -142,6 +143,8 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._by_seq_id: dict[int, Sequence] = {}
+        self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
+        self._with_stop_strings: dict[int, Sequence] = {}  # seq_id -> sequence, while it runs (plain steps: empty)
         self._next_id = 0
         self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
         self._stepping: list[SchedulerOutput] = []  # what the current step scheduled: failed together if it raises
@@ -179,29 +182,47 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        params.check_model_limits(self.vocab_size, self.tokenizer is not None)
         return token_ids
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
+        """Add a request (n > 1: n sequences; the others wait for the first one's prefill and take its prompt
+        blocks from the prefix cache). Sample i draws with seed `seed + i` (mod 2^64), so a seeded sample is
+        reproduced alone by a request with n = 1 and that seed."""
         token_ids = self.validate_request(prompt, params)
         if request_id is None:
             request_id = str(self._next_id)
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seed = (params.seed + 2**63) % 2**64 - 2**63 if params.seed is not None else self._rng.getrandbits(63)
-        seq = Sequence(request_id, token_ids, params, seed)
-        self.scheduler.add(seq)
-        self.requests[request_id] = seq
-        self._by_seq_id[seq.seq_id] = seq
+        base = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seqs = []
+        for i in range(params.n):
+            seed = (base + i + 2**63) % 2**64 - 2**63  # 64-bit seeds (signed or not) as the sampler's int64
+            seq = Sequence(request_id, token_ids, params, seed)
+            if params.stop:
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
+                                                         params.include_stop_str_in_output)
+                self._with_stop_strings[seq.seq_id] = seq
+            if seqs:
+                seq.prefill_after, seq.group = seqs[0], seqs
+            seqs.append(seq)
+        if params.n > 1:
+            seqs[0].group = seqs
+        for seq in seqs:
+            self.scheduler.add(seq)
+            self._by_seq_id[seq.seq_id] = seq
+        self.requests[request_id] = seqs[0]
         return request_id
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         seq = self.requests.get(request_id)
-        if seq is None or seq.is_finished:
+        if seq is None:
             return None
-        self.scheduler.finish(seq, "abort")
+        for s in seq.group or [seq]:
+            self.scheduler.finish(s, "abort")
         self._drop_ahead_if_done()
         return self._pop_output(seq)
 
@@ -249,7 +270,7 @@ class LLMEngine:
 
     def _can_launch_ahead(self, out: SchedulerOutput, step: StepInput) -> bool:
         return (self.config.async_scheduling and out.decode_batch is not None and isinstance(self.runner, ModelRunner)
-                and max(step.num_logprobs) < 0)
+                and max(step.num_logprobs) < 0 and not step.processed)  # penalties need every token on the host
 
     def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
         """With `out` in flight, schedule and launch the next decode step (its input ids are `out`'s tokens,
@@ -287,18 +308,64 @@ class LLMEngine:
         for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
             self._by_seq_id[seq_id].logprobs.append(entry)
         done += self.scheduler.update(out, result.sampled, result.tokens)
-        return [self._pop_output(seq) for seq in done]
+        if self._with_stop_strings:
+            done += self._check_stop_strings()
+        return [o for o in map(self._pop_output, done) if o is not None]
 
-    def _pop_output(self, seq: Sequence) -> RequestOutput:
+    def _check_stop_strings(self) -> list[Sequence]:
+        """Feed the new tokens of requests with stop strings to their detokenizers; finish those that stopped."""
+        stopped = []
+        for seq in list(self._with_stop_strings.values()):
+            detok = seq.detokenizer
+            if detok.stopped or seq.num_output_tokens == detok.num_fed:
+                continue
+            found = detok.add(seq.output_token_ids[detok.num_fed :], seq.num_output_tokens >= seq.params.min_tokens)
+            if found is None:
+                continue
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "stop")
+                stopped.append(seq)
+            seq.finish_reason, seq.stop_reason = "stop", found  # also over "length" at the last token, as vLLM
+        if stopped:
+            self._drop_ahead_if_done()
+        return stopped
+
+    def _pop_output(self, seq: Sequence) -> RequestOutput | None:
+        """The request's output once all its samples have finished (None before, and after it was popped)."""
+        group = seq.group or [seq]
+        if self.requests.get(seq.request_id) is not group[0]:
+            return None
+        i = self._first_unfinished.get(seq.request_id, 0)  # a scan resumed where it stopped: O(n) per request
+        while i < len(group) and group[i].is_finished:
+            i += 1
+        if i < len(group):
+            self._first_unfinished[seq.request_id] = i
+            return None
+        self._first_unfinished.pop(seq.request_id, None)
         del self.requests[seq.request_id]
-        del self._by_seq_id[seq.seq_id]
-        tokens = seq.output_token_ids
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        samples = []
+        for i, s in enumerate(group):
+            del self._by_seq_id[s.seq_id]
+            self._with_stop_strings.pop(s.seq_id, None)
+            tokens = s.output_token_ids
+            if s.stop_reason is None and s.finish_reason == "stop" and tokens and tokens[-1] in s.params.stop_token_ids:
+                s.stop_reason = tokens[-1]
+            samples.append(CompletionOutput(i, tokens, self._text(s), s.finish_reason, s.stop_reason, s.logprobs,
+                                            s.error))
+        first, lead = samples[0], group[0]
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=tokens, text=text, finish_reason=seq.finish_reason, logprobs=seq.logprobs,
-            prompt_logprobs=seq.prompt_logprobs, num_cached_tokens=seq.num_cached_tokens, error=seq.error,
+            request_id=lead.request_id, prompt_token_ids=lead.token_ids[: lead.num_prompt_tokens],
+            token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason, logprobs=first.logprobs,
+            prompt_logprobs=lead.prompt_logprobs, num_cached_tokens=lead.num_cached_tokens,
+            error=next((c.error for c in samples if c.error is not None), None), stop_reason=first.stop_reason,
+            outputs=samples,
         )
+
+    def _text(self, seq: Sequence) -> str:
+        if seq.detokenizer is not None:
+            seq.detokenizer.add(seq.output_token_ids[seq.detokenizer.num_fed :], check_stop=False)
+            return seq.detokenizer.finish()
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else ""
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""

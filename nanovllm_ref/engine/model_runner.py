@@ -14,6 +14,7 @@ import torch
 from ..attention import AttentionMetadata, forward_context, get_backend_class
 from ..distributed import all_reduce_min, tp_rank
 from ..layers.attention import Attention
+from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
 from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
@@ -78,6 +79,7 @@ class ModelRunner:
         else:
             load_weights(self.model, spec.model_path)
         self.graphs: DecodeGraphs | None = None
+        self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.enforce_eager:
@@ -213,7 +215,7 @@ class ModelRunner:
             input_ids = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
             input_ids = input_ids.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, input_ids))
-        _, packed = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
+        _, packed, _ = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
         tokens = packed[0]
         if self.device.type != "cuda":
             return Launched(step, tokens, packed, None)
@@ -236,12 +238,13 @@ class ModelRunner:
             out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
         if not step.sample_seq_ids:
             return out
-        sample_logits, packed = self._sample_on_device(step, logits)
+        sample_logits, packed, processed = self._sample_on_device(step, logits)
         tokens_list, finite_list = packed.tolist()
-        return self._outputs(out, step, tokens_list, finite_list, sample_logits, packed[0])
+        return self._outputs(out, step, tokens_list, finite_list, sample_logits, packed[0], processed)
 
-    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite)."""
+    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
+        (row indices, processed scores) of the rows that took the processing path, or None)."""
         # two host-to-device copies for all per-request parameters
         ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
         floats = self._tensor([step.temperature, step.top_p], torch.float32)
@@ -250,17 +253,25 @@ class ModelRunner:
             temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
         )
-        return sample_logits, sample(sample_logits, batch)
+        if len(step.processed) < len(step.sample_seq_ids):
+            packed = sample(sample_logits, batch)
+        else:  # every row takes the processing path: only the finite flags are needed from here
+            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
+        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
+                     if step.processed else None)
+        return sample_logits, packed, processed
 
     def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],
-                 sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> StepOutput:
+                 sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
+                 processed: Any = None) -> StepOutput:
         """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
         k_max = max(step.num_logprobs)
         if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
             out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list
             return out
         if k_max >= 0:
-            chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max)
+            scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
+            chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max, scores)
             chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()
         for i, seq_id in enumerate(step.sample_seq_ids):
             if not finite_list[i]:

@@ -87,6 +87,11 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
+            if seq.prefill_after is not None:  # a sample of n: its prompt blocks come from the first's prefill
+                first = seq.prefill_after
+                if not first.is_finished and first.num_computed_tokens < first.num_prompt_tokens:
+                    break
+                seq.prefill_after = None
             cached = self.block_manager.find_cached_prefix(seq)
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, num_new, cached):

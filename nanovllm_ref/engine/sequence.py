@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import itertools
 from enum import Enum
+from typing import NamedTuple
 
 from ..sampling_params import SamplingParams
+
+
+class ProcessedRow(NamedTuple):
+    """A sampling row that takes the torch processing path (layers/logits_processing.py), and what it reads."""
+
+    row: int  # index among the step's sampling rows
+    params: SamplingParams
+    token_ids: list[int]  # the sequence's own list (prompt, then output): read, never written
+    num_prompt_tokens: int
+    stop_ids: frozenset[int]  # EOS and stop_token_ids: masked while the output is shorter than min_tokens
+    seq_id: int = -1  # keys the penalty counts kept across steps (-1: none kept)
 
 
 class SequenceStatus(Enum):
@@ -23,7 +35,8 @@ class Sequence:
     # slots: the decode hot path writes num_computed_tokens of every running sequence each step
     __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "seed", "status",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "block_table", "block_hashes",
-                 "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs", "prompt_logprobs")
+                 "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs", "prompt_logprobs",
+                 "needs_processing", "detokenizer", "stop_reason", "prefill_after", "group")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
         self.seq_id = next(Sequence._ids)  # also the arrival order
@@ -46,12 +59,20 @@ class Sequence:
             self.seq_id, float(params.temperature), params.top_k, float(params.top_p), seed,
             -1 if params.logprobs is None else params.logprobs,
         )
+        self.needs_processing = params.needs_logits_processing
+        self.detokenizer = None  # an IncrementalDetokenizer when the request has stop strings (set by the engine)
+        self.stop_reason: int | str | None = None  # the stop token or stop string that ended it
+        self.prefill_after: Sequence | None = None  # a sibling (same prompt, n > 1) whose prefill it waits for
+        self.group: list[Sequence] | None = None  # the n samples of its request, itself included (n > 1)
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None
         )
+
+    def processed_row(self, row: int) -> ProcessedRow:
+        return ProcessedRow(row, self.params, self.token_ids, self.num_prompt_tokens, self.stop_ids, self.seq_id)
 
     @property
     def num_tokens(self) -> int:

@@ -36,8 +36,13 @@ def row_keys(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 
 def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32 in (0, 1)
     idx = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    bits = pcg_hash((keys[:, None] + idx[None, :]) & _M32) >> 8  # 24 bits: exact in float32
-    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+    # 23 bits: (bits + 0.5) / 2^23 is exact in float32 and at most 1 - 2^-24. (With 24 bits the largest value,
+    # 1 - 2^-25, rounds to 1.0: Gumbel noise +inf, a token drawn whatever its logit, once in 2^24 entries.)
+    return uniform_from_bits(pcg_hash((keys[:, None] + idx[None, :]) & _M32) >> 9)
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:  # int64 in [0, 2^23) -> float32 in (0, 1)
+    return (bits.float() + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32
@@ -94,7 +99,7 @@ if triton is not None:
             x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
             finite &= (x == x) & (tl.abs(x) < float("inf"))
             if temp > 0:  # greedy rows skip the two logs per entry
-                u = ((_pcg(key + offs.to(tl.uint32)) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                u = ((_pcg(key + offs.to(tl.uint32)) >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
                 score = x * inv_t - tl.log(-tl.log(u))
             else:
                 score = x

@@ -107,8 +107,8 @@ class NanovllmRefAdapter:
         for o in outs:
             if o.error is not None:
                 raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
-            results.append([Completion(list(o.token_ids), o.finish_reason, o.logprobs, o.prompt_logprobs,
-                                       o.num_cached_tokens, o.text)])
+            results.append([Completion(list(c.token_ids), c.finish_reason, c.logprobs, o.prompt_logprobs,
+                                       o.num_cached_tokens, c.text) for c in o.outputs])
         return results
 
     @property

@@ -121,6 +121,34 @@ class VLLMAdapter:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [vllm_output_to_engine_output(o) for o in outs]
 
+    def run_requests(self, requests: list) -> list:
+        """Requests with their own settings (oracle/requests.py), passed to vLLM's SamplingParams by name. vLLM's
+        logprobs_mode is an engine setting (LLM(logprobs_mode=...), e.g. through --engine-arg): a request asking
+        for another mode is an UnsupportedSetting, as is a name vLLM's SamplingParams refuses."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from .requests import Completion, UnsupportedSetting
+
+        config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        mode = getattr(getattr(config, "logprobs_mode", "raw_logprobs"), "value", None) or str(
+            getattr(config, "logprobs_mode", "raw_logprobs"))
+        params = []
+        for r in requests:
+            kwargs = dict(r.params)
+            if kwargs.pop("logprobs_mode", mode) != mode:
+                raise UnsupportedSetting(f"vLLM's logprobs_mode is the engine's ({mode}), not per request")
+            try:
+                params.append(SamplingParams(**kwargs))
+            except TypeError as e:
+                raise UnsupportedSetting(f"vLLM's SamplingParams: {e}") from None
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
+                                 use_tqdm=False)
+        return [[Completion(list(c.token_ids), c.finish_reason,
+                            None if c.logprobs is None else [_step_dict(step) for step in c.logprobs],
+                            None if o.prompt_logprobs is None else [_step_dict(p) for p in o.prompt_logprobs],
+                            getattr(o, "num_cached_tokens", None), c.text) for c in o.outputs] for o in outs]
+
     def close(self) -> None:
         """Shut vLLM's engine down now (its engine-core process and memory), not at interpreter exit."""
         import gc

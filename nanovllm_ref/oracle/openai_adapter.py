@@ -117,6 +117,38 @@ class OpenAIAdapter:
         """All prompts in flight at once (the server batches them), results in prompt order."""
         return in_flight(lambda p: self._one(p, max_tokens, top_k, prompt_logprobs), prompts)
 
+    def run_requests(self, requests: list) -> list:
+        """Requests with their own settings (oracle/requests.py), one /v1/completions call each: OpenAI's names
+        and vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, ...) pass as they
+        are; logit_bias keys become strings; token ids come back through logprobs ("token_id:N" keys, logprobs=0
+        when none were asked). logprobs_mode is not an API field: anything but raw_logprobs is unsupported."""
+        from .requests import Completion, UnsupportedSetting
+
+        results = []
+        for r in requests:
+            params = dict(r.params)
+            if params.pop("logprobs_mode", "raw_logprobs") != "raw_logprobs":
+                raise UnsupportedSetting("the OpenAI API has no logprobs_mode: its logprobs are raw")
+            if params.get("logit_bias"):
+                params["logit_bias"] = {str(t): b for t, b in params["logit_bias"].items()}
+            want_logprobs = params.get("logprobs") is not None
+            payload = {"model": self.model, "prompt": list(r.prompt), "return_tokens_as_token_ids": True,
+                       **params, "logprobs": params.get("logprobs") or 0}
+            body = self._post(payload)
+            completions = []
+            for choice in sorted(body["choices"], key=lambda c: c.get("index", 0)):
+                lp = choice["logprobs"]
+                tokens = choice.get("token_ids") or [_token_id(t) for t in lp["tokens"]]
+                steps = [{_token_id(k): v for k, v in (step or {}).items()} for step in lp.get("top_logprobs") or []]
+                plp = choice.get("prompt_logprobs")
+                if plp is not None:
+                    plp = [None if d is None else {int(k.split(":")[-1]): _value(v) for k, v in d.items()}
+                           for d in plp]
+                completions.append(Completion(list(tokens), choice.get("finish_reason"),
+                                              steps if want_logprobs else None, plp, None, choice.get("text")))
+            results.append(completions)
+        return results
+
     def close(self) -> None:
         pass  # the server belongs to whoever started it
 

@@ -15,9 +15,13 @@ from typing import Any
 
 import pytest
 
-from nanovllm_ref.oracle.pytest_plugin import record_report
+from nanovllm_ref.testing.interpreter import use_triton_interpreter
 
-from .harness import EnginePool, Options, ReferencePool, selected_models
+use_triton_interpreter()  # test_kernels.py: Triton kernels in the interpreter on a machine without a GPU
+
+from nanovllm_ref.oracle.pytest_plugin import record_report  # noqa: E402
+
+from .harness import EnginePool, Options, ReferencePool, selected_models  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -220,7 +220,11 @@ def test_chunk_budgets(setup, options, engines, budget) -> None:
              "shared48_b")
     w.run(adapter, [w.spec(n, max_tokens=3, ignore_eos=True, logprobs=j % 4, prompt_logprobs=3 if j % 2 else None)
                     for j, n in enumerate(names)], f"budget-{budget}")
-    again = [w.spec(n, max_tokens=2, ignore_eos=True, logprobs=1) for n in names[::-1]]
+    # again, all cached, without logprobs (steps an engine may schedule ahead), rows ending at different steps,
+    # one on a stop token
+    tokens = ref.outputs[ref.prompt_ids.index("long_70")].token_ids
+    again = [w.spec(n, max_tokens=3 + 2 * (j % 3), ignore_eos=True) for j, n in enumerate(names[::-1])]
+    again.append(w.spec("long_70", max_tokens=12, stop_token_ids=[tokens[first_new(tokens, 4)]]))
     w.run(adapter, again, f"budget-{budget}-again")
     if options.engine == "nanovllm_ref":
         assert steps and steps[0] > 0

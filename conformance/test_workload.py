@@ -175,9 +175,10 @@ def test_mixed_workload(setup, options, engines) -> None:
     ref, spec, eos = setup
     ours = options.engine == "nanovllm_ref"
     max_model_len = len(ref.prompts[ref.prompt_ids.index(LONG)]) + LENGTH_CAP
-    # ~1.3 requests of max_model_len: prefix hits meet a full cache, and requests are preempted
+    # one request of max_model_len + 2 blocks: prefix hits meet a full cache, admissions fail for want of
+    # blocks, requests are preempted
     adapter = _adapter(engines, options, spec, kvcache_block_size=BLOCK,
-                       num_kvcache_blocks=-(-max_model_len // BLOCK) + 6, max_model_len=max_model_len,
+                       num_kvcache_blocks=-(-max_model_len // BLOCK) + 2, max_model_len=max_model_len,
                        max_num_batched_tokens=BLOCK + 1, enable_prefix_caching=True)
     w = Workload(ref, eos, tolerance_for(DTYPE, options, ref), max_model_len if ours else None)
     steps = _observer(adapter, w.failures)

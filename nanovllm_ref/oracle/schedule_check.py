@@ -10,9 +10,9 @@ has ``observe_schedule(callback)``) hands one :class:`ScheduleDecision` per step
   blocks for all of them; a grant shorter than what the request has left (a prefill chunk) happens only when
   the step used the whole budget (chunks are cut by the budget, nothing else: vLLM v1 without
   ``long_prefill_token_threshold``);
-* FCFS: the requests admitted from the waiting queue are its head, in order, and the requests waiting for
-  their first admission stand in arrival order (the oldest waiting request is never skipped for a younger
-  one; preempted requests may stand anywhere);
+* FCFS: the requests admitted from the waiting queue are its head, in order, and the queue stands in arrival
+  order, preempted requests included (they are the newest running ones and go back to the front, as in
+  vLLM): the oldest waiting request is never skipped for a younger one;
 * blocks: a block held by two running requests sits at the same index of both tables over a prefix that is
   full, computed and token-for-token equal in both (a prefix-cache share); no table holds a block twice;
   preempted requests hold none; a block whose content the engine records holds the tokens of every request
@@ -45,7 +45,7 @@ class ScheduleDecision:
     block_size: int
     scheduled: tuple[ScheduledRequest, ...]
     waiting_before: tuple[str, ...]  # the waiting queue before the step, head first
-    waiting_arrival: tuple[int, ...]  # their arrival order (any increasing numbers), -1 for preempted requests
+    waiting_arrival: tuple[int, ...]  # their arrival order (any increasing numbers)
     running: tuple[ScheduledRequest, ...]  # every running request after the step (num_new_tokens 0 if idle)
     preempted: tuple[str, ...] = ()
     preempted_tables: tuple[tuple[int, ...], ...] = ()
@@ -95,9 +95,8 @@ def _fcfs(d: ScheduleDecision) -> list[str]:
     errors = []
     if admitted != list(d.waiting_before[: len(admitted)]):
         errors.append(f"admitted {admitted} but the waiting queue's head was {list(d.waiting_before[:len(admitted)])}")
-    fresh = [a for a in d.waiting_arrival if a >= 0]
-    if fresh != sorted(fresh):
-        errors.append(f"requests waiting for their first admission are out of arrival order: {fresh}")
+    if list(d.waiting_arrival) != sorted(d.waiting_arrival):
+        errors.append(f"the waiting queue is out of arrival order: {list(d.waiting_before)}")
     return errors
 
 
@@ -140,6 +139,6 @@ def nanovllm_ref_decision(scheduler: Any, out: Any, waiting_before: list[Any], s
     return ScheduleDecision(
         step, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, bm.block_size,
         tuple(view(seq) for seq, _ in out.scheduled), tuple(s.request_id for s in waiting_before),
-        tuple(-1 if s.num_preemptions else s.seq_id for s in waiting_before),
+        tuple(s.seq_id for s in waiting_before),
         tuple(view(seq) for seq in scheduler.running), tuple(s.request_id for s in out.preempted),
         tuple(tuple(s.block_table) for s in out.preempted), contents)

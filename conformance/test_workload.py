@@ -84,6 +84,7 @@ class Workload:
         self.ref, self.eos, self.tol, self.max_model_len = ref, eos, tol, max_model_len
         self.index = {name: i for i, name in enumerate(ref.prompt_ids)}
         self.failures: list[str] = []
+        self.seen: list[list[int]] = []  # prompt + reference tokens of every request run so far on the engine
 
     def spec(self, name: str, **params) -> tuple[str, RequestSpec]:
         params.setdefault("temperature", 0.0)
@@ -95,9 +96,19 @@ class Workload:
         except UnsupportedSetting as e:
             pytest.skip(f"{adapter.name}: {e}")
         assert len(results) == len(named), f"{label}: {len(named)} requests, {len(results)} results"
-        for (name, req), comps in zip(named, results):
+        full = [list(r.prompt) + self.ref.outputs[self.index[n]].token_ids for n, r in named]
+        for j, ((name, req), comps) in enumerate(zip(named, results)):
             self.check(f"{label}/{name}", name, req, comps[0])
+            self.check_cached(f"{label}/{name}", req.prompt, comps[0], self.seen + full[:j] + full[j + 1:])
+        self.seen += full
         return [c[0] for c in results]
+
+    def check_cached(self, label: str, prompt: list[int], c, others: list[list[int]]) -> None:
+        """A prefix cache can only serve tokens that another request computed: the shared prefix bounds it."""
+        bound = max((_common_prefix(prompt, o) for o in others), default=0)
+        if c.num_cached_tokens is not None and not 0 <= c.num_cached_tokens <= min(bound, len(prompt) - 1):
+            self.failures.append(f"[{label}] num_cached_tokens {c.num_cached_tokens}, but at most {bound} of its "
+                                 f"{len(prompt)} prompt tokens were ever computed by another request")
 
     def check(self, label: str, name: str, req: RequestSpec, c) -> None:
         i, p = self.index[name], req.params
@@ -130,6 +141,13 @@ class Workload:
                 if d is None or not (m <= len(d) <= m + 1):
                     fail(f"[{label}] prompt pos {pos}: {d and len(d)} logprobs for prompt_logprobs={m}")
                     break
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _observer(adapter, failures: list[str]):

@@ -45,6 +45,8 @@ def test_a_sound_decision_passes() -> None:
     (lambda d: replace(d, running=d.running[:1] + (replace(d.running[1], block_table=(3, 3)),)), "twice"),
     (lambda d: replace(d, preempted=("z",), preempted_tables=((5,),)), "still holds"),
     (lambda d: replace(d, block_contents={0: (1, 2, 3, 4)}), "other tokens"),
+    (lambda d: replace(d, ref_counts={3: 2}), "reference count"),
+    (lambda d: replace(d, ref_counts={11: 1}), "leaked"),
 ])
 def test_each_invariant_catches_its_breakage(breakage, expected) -> None:
     errors = check_decision(breakage(sound()))

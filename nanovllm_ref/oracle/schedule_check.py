@@ -16,7 +16,8 @@ has ``observe_schedule(callback)``) hands one :class:`ScheduleDecision` per step
 * blocks: a block held by two running requests sits at the same index of both tables over a prefix that is
   full, computed and token-for-token equal in both (a prefix-cache share); no table holds a block twice;
   preempted requests hold none; a block whose content the engine records holds the tokens of every request
-  using it.
+  using it; where the engine reports reference counts, a held block's count is its number of holders and no
+  other block is referenced (no leak).
 
 nanovllm_ref reports them through ``Scheduler.on_schedule`` (:func:`nanovllm_ref_decision`). References:
 vLLM v1 ``Scheduler.schedule`` (token budget, FCFS, prefix-cache block sharing by ref count).
@@ -50,6 +51,7 @@ class ScheduleDecision:
     preempted: tuple[str, ...] = ()
     preempted_tables: tuple[tuple[int, ...], ...] = ()
     block_contents: dict[int, tuple[int, ...]] = field(default_factory=dict)  # block id -> tokens (if known)
+    ref_counts: dict[int, int] = field(default_factory=dict)  # block id -> the engine's reference count (if any)
 
 
 def check_decision(d: ScheduleDecision) -> list[str]:
@@ -120,6 +122,13 @@ def _blocks(d: ScheduleDecision) -> list[str]:
                     r.num_computed_tokens, r0.num_computed_tokens) < end:
                 errors.append(f"block {b} used by requests {r0.request_id} (index {i0}) and {r.request_id} "
                               f"(index {i}) without a shared, full, computed prefix")
+    for b, users in holders.items():
+        if b in d.ref_counts and d.ref_counts[b] != len(users):
+            errors.append(f"block {b} has reference count {d.ref_counts[b]} but {len(users)} running holders "
+                          f"({[r.request_id for r, _ in users]})")
+    leaked = sorted(b for b, n in d.ref_counts.items() if n > 0 and b not in holders)
+    if leaked:
+        errors.append(f"blocks {leaked} are referenced but held by no running request (leaked)")
     for rid, table in zip(d.preempted, d.preempted_tables):
         if table:
             errors.append(f"preempted request {rid} still holds blocks {list(table)}")
@@ -136,9 +145,10 @@ def nanovllm_ref_decision(scheduler: Any, out: Any, waiting_before: list[Any], s
 
     bm = scheduler.block_manager
     contents = {b.block_id: b.token_ids for b in bm.blocks if b.hash is not None and b.ref_count > 0}
+    counts = {b.block_id: b.ref_count for b in bm.blocks if b.ref_count > 0}
     return ScheduleDecision(
         step, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, bm.block_size,
         tuple(view(seq) for seq, _ in out.scheduled), tuple(s.request_id for s in waiting_before),
         tuple(s.seq_id for s in waiting_before),
         tuple(view(seq) for seq in scheduler.running), tuple(s.request_id for s in out.preempted),
-        tuple(tuple(s.block_table) for s in out.preempted), contents)
+        tuple(tuple(s.block_table) for s in out.preempted), contents, counts)

@@ -15,9 +15,13 @@ from typing import Any
 
 import pytest
 
-from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report
+from nanovllm_ref.testing.interpreter import use_triton_interpreter
 
-from .harness import EnginePool, Options, ReferencePool, deselect_invariance_cases, selected_models
+use_triton_interpreter()  # test_kernels.py: Triton kernels in the interpreter on a machine without a GPU
+
+from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report  # noqa: E402
+
+from .harness import EnginePool, Options, ReferencePool, deselect_invariance_cases, selected_models  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,25 +21,26 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_snippet_matches_the_source_once() -> None:
     check_snippets(ROOT, list(MUTANTS))
-    assert len(MUTANTS) >= 12 and len({m.name for m in MUTANTS}) == len(MUTANTS)
+    assert len(MUTANTS) >= 35 and len({m.name for m in MUTANTS}) == len(MUTANTS)
 
 
-def test_a_mutant_is_caught_and_the_file_restored(tree: Path) -> None:
-    (mutant,) = find(MUTANTS, ["top-k-off-by-one"])
+def test_a_mutant_is_caught_by_both_columns_and_the_file_restored(tree: Path) -> None:
+    (mutant,) = find(MUTANTS, ["rmsnorm-kernel-mean"])
     before = (tree / mutant.file).read_text()
     result = run_mutant(tree, mutant)
-    assert result.caught, result
-    assert any("test_top_k_restricts_support_and_renormalizes" in b for b in result.by), result.by
+    assert result.caught and result.conformance.caught and result.targeted.caught, result
+    assert any("conformance/test_kernels.py::test_kernel[rms_norm" in b for b in result.conformance.by), result
+    assert any("test_rms_norm" in b for b in result.targeted.by), result.targeted.by
     assert (tree / mutant.file).read_text() == before
-    assert "| top-k-off-by-one |" in table([result]) and "| yes |" in table([result])
+    assert "| rmsnorm-kernel-mean |" in table([result]) and "| yes (" in table([result])
 
 
 def test_an_equivalent_rewrite_survives(tree: Path) -> None:
-    """The runner must not report everything as caught: the same comparison written the other way round."""
-    (mutant,) = find(MUTANTS, ["top-k-off-by-one"])
-    result = run_mutant(tree, replace(mutant, name="equivalent", new="sorted_logits.gather(-1, (-k + vocab)[:, None])"))
-    assert not result.caught and result.by == [], result
-    assert "**NO**" in table([result])
+    """The runner must not report everything as caught: the same mean written another way."""
+    (mutant,) = find(MUTANTS, ["rmsnorm-kernel-mean"])
+    result = run_mutant(tree, replace(mutant, name="equivalent", new="var = tl.sum(h * h, axis=0) / hidden"))
+    assert not result.caught and not result.conformance.caught and not result.targeted.caught, result
+    assert result.conformance.by == [] and "**NO**" in table([result])
 
 
 def test_an_unknown_snippet_raises_before_running(tree: Path) -> None:

@@ -2,12 +2,24 @@
 
 Each mutant replaces one exact snippet of the source (the snippet must occur exactly once, or the run stops
 with an error before anything runs: the list cannot rot silently) in a temporary copy of the tree
-(``shutil.copytree``; the working tree is never touched), then runs the tests chosen for it: pytest exit status
-1 or 2 (failures or collection errors) means caught, 0 means the mutant survived. The file is restored before
-the next mutant. A baseline run of every chosen test on the unmutated copy must pass first.
+(``shutil.copytree``; the working tree is never touched), then runs two sets of tests, each stopping at its
+first failure: pytest exit status 1 or 2 (failures or collection errors) means caught, 0 means survived.
+
+* the conformance column (the headline: what another engine's authors get): ``pytest`` on the conformance
+  suite alone, CPU, Triton kernels in the interpreter, qwen3-tiny in float32 (``--model qwen3-tiny --dtype
+  float32``; a mutant whose site only a checkpoint reaches names it, e.g. the MoE router), restricted per
+  mutant to the files that can reach its site (``Mutant.conformance``; default: every conformance file but the
+  kernel module, workload first). A subset catching a mutant implies the whole suite catches it. Kernel
+  mutants run ``conformance/test_kernels.py -k <kernel>``; those that need a GPU say so (``gpu=True``) and are
+  reported as such (``pytest conformance -m gpu``);
+* the targeted column: the project's own tests chosen for the mutant (``Mutant.tests``).
+
+The file is restored before the next mutant. A baseline run of every chosen test on the unmutated copy must
+pass first. The exact command of a conformance run is printed with ``--list``.
 
     python -m tools.mutants                 # all; prints a markdown table, exits 1 if any mutant survived
     python -m tools.mutants --only top-k    # some (names or substrings); --list shows them
+    python -m tools.mutants --conformance-only   # only the headline column (about half the time)
     nox -s mutants
 """
 
@@ -27,15 +39,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = shutil.ignore_patterns(".git", ".nox", ".venv", ".whl", "build", "dist", "*.egg-info", "__pycache__",
                                 ".pytest_cache", ".hypothesis", ".benchmarks", ".ruff_cache", "examples")
-# conformance options (global, from the plugin): the golden test on one checkpoint in float32 (~3 s of tests)
+# conformance options (global, from the plugin): one checkpoint in float32
 OPTIONS = ("--model", "qwen3-tiny", "--dtype", "float32", "--report", os.devnull)
+# the conformance suite without its kernel module, the cheap-and-sharp workload first
+CONFORMANCE = ("conformance/test_workload.py", "conformance/test_golden.py", "conformance/test_invariance.py",
+               "conformance/test_policy.py", "conformance/test_sampling.py")
+MOE = ("--model", "qwen3-moe-tiny")  # a mutant option after OPTIONS overrides its --model
+
+
+def kernels(name: str) -> tuple[str, ...]:
+    return ("conformance/test_kernels.py", "-k", name)
+
+
 GOLDEN = "conformance/test_golden.py::test_golden"
 KERNEL_ATTN = "tests/kernels/test_kernel_attention.py::test_prefill_attention"
 RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
 ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
 BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/properties/test_scheduler_props.py"
 SAMPLING = "tests/test_sampling.py"
-SAMPLING_CONF = "conformance/test_sampling.py"
+SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases (issue 18)
+ENGINE = "tests/test_engine.py"
 
 
 @dataclass(frozen=True)
@@ -45,22 +68,25 @@ class Mutant:
     old: str
     new: str
     description: str
-    tests: tuple[str, ...]  # test files / node ids, run in this order, stopping at the first failure
+    tests: tuple[str, ...]  # targeted: test files / node ids, run in this order, stopping at the first failure
+    conformance: tuple[str, ...] = CONFORMANCE  # pytest arguments of the conformance run (after OPTIONS)
+    gpu: bool = False  # the site runs only on a GPU: the conformance column needs `pytest conformance -m gpu`
 
 
 M = Mutant
 MUTANTS: tuple[Mutant, ...] = (
     M("rmsnorm-kernel-mean", "nanovllm_ref/kernels/rmsnorm.py", "var = tl.sum(h * h, 0) / hidden",
       "var = tl.sum(h * h, 0) / BLOCK", "Triton RMSNorm averages over the padded block, not the hidden size",
-      (RMS,)),
+      (RMS,), kernels("rms_norm")),
     M("rotary-kernel-sign", "nanovllm_ref/kernels/rotary.py", "b1 = (-x2 * sin[None, :])",
-      "b1 = (x2 * sin[None, :])", "Triton RoPE: rotate-half without the minus sign", (ROT,)),
+      "b1 = (x2 * sin[None, :])", "Triton RoPE: rotate-half without the minus sign", (ROT,), kernels("apply_rotary")),
     M("attention-kernel-causal", "nanovllm_ref/kernels/_triton_common.py",
       "s = tl.where(offs_n[None, :] < row_end[:, None], s", "s = tl.where(offs_n[None, :] <= row_end[:, None], s",
-      "Triton paged attention: the causal mask lets a query see one key too many", (KERNEL_ATTN,)),
+      "Triton paged attention: the causal mask lets a query see one key too many", (KERNEL_ATTN,),
+      kernels("attention")),
     M("store-kv-kernel-slot0", "nanovllm_ref/kernels/store_kv.py", "if slot < 0:  # padding token",
       "if slot <= 0:  # padding token", "Triton KV store skips slot 0 as if it were padding",
-      ("tests/kernels/test_kernel_store_kv.py",)),
+      ("tests/kernels/test_kernel_store_kv.py",), kernels("store_kv")),
     M("rmsnorm-eps", "nanovllm_ref/kernels/rmsnorm.py", "h.pow(2).mean(dim=-1, keepdim=True) + eps)",
       "h.pow(2).mean(dim=-1, keepdim=True) + 1e-5)", "RMSNorm reference uses eps 1e-5, not the config's",
       (RMS, GOLDEN)),
@@ -94,6 +120,68 @@ MUTANTS: tuple[Mutant, ...] = (
       "slots[r] = tables[r][p // bs] * bs - t", "slots[r] = tables[r][p // bs - 1] * bs - t",
       "vectorized decode step keeps writing into the previous block after a block boundary",
       ("tests/properties/test_decode_batch.py",)),
+    # blind spots of issue 17: stop / EOS / finish reasons, per-request logprobs, prefix cache with prompt
+    # logprobs, scheduler budget and chunks, max_model_len, kernel magnitudes, the MoE router
+    M("eos-config-only", "nanovllm_ref/engine/llm_engine.py",
+      'sources.append(json.load(f).get("eos_token_id"))', "pass",
+      "EOS ids read from config.json only, generation_config.json's ignored", (ENGINE,)),
+    M("ignore-eos-inverted", "nanovllm_ref/engine/scheduler.py", "if not seq.params.ignore_eos:",
+      "if seq.params.ignore_eos:", "EOS honoured only when ignore_eos is set", (ENGINE, SCHED)),
+    M("finish-reason-general", "nanovllm_ref/engine/scheduler.py", 'return "stop"', 'return "length"',
+      "a request ended by a stop token reports finish_reason 'length'", (ENGINE, SCHED)),
+    M("decode-batch-stop-reason", "nanovllm_ref/engine/decode_batch.py",
+      'finished = [(r, "stop") for r in stopped]', 'finished = [(r, "length") for r in stopped]',
+      "vectorized decode step: a stop token reports finish_reason 'length'",
+      ("tests/properties/test_decode_batch.py",)),
+    M("decode-batch-stop-ignored", "nanovllm_ref/engine/decode_batch.py",
+      "stopped = {r for r in self.stop_rows if tokens[r] in seqs[r].stop_ids}", "stopped = set()",
+      "vectorized decode step never stops on a stop token", ("tests/properties/test_decode_batch.py",)),
+    M("max-model-len-cap", "nanovllm_ref/engine/scheduler.py",
+      "seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len)",
+      "seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len - 1)",
+      "a request reaching max_model_len exactly ends one token early", (SCHED, ENGINE)),
+    M("max-model-len-refuses-exact", "nanovllm_ref/engine/scheduler.py", "if need > self.max_model_len:",
+      "if need >= self.max_model_len:", "prompt + max_tokens == max_model_len is refused", ("tests/test_errors.py",)),
+    M("logprobs-count-shared", "nanovllm_ref/engine/model_runner.py",
+      "entry = dict(zip(ids[i][:k], values[i][:k]))", "entry = dict(zip(ids[i], values[i]))",
+      "every request of a step gets the largest logprobs count of the step", ("tests/test_request_adapter.py",)),
+    M("logprobs-rescaled", "nanovllm_ref/layers/sampler.py", "logprobs = logits.float().log_softmax(dim=-1)",
+      "logprobs = (logits.float() * 1.02).log_softmax(dim=-1)",
+      "logprobs of a rescaled distribution (every argmax kept)", (GOLDEN,)),
+    M("prompt-logprobs-use-cache", "nanovllm_ref/engine/sequence.py", "return self.params.prompt_logprobs is None",
+      "return True", "requests with prompt logprobs read the prefix cache (cached positions get no logprobs)",
+      (ENGINE,)),
+    M("prompt-logprobs-recompute-dup", "nanovllm_ref/engine/inputs.py",
+      "first = max(start, len(seq.prompt_logprobs) - 1)", "first = start",
+      "a recompute after preemption reports the prompt logprobs again", (ENGINE,)),
+    M("prefix-cache-whole-prompt", "nanovllm_ref/engine/block_manager.py",
+      "for i in range((seq.num_tokens - 1) // bs):", "for i in range(seq.num_tokens // bs):",
+      "a fully cached prompt leaves no token to compute", (BLOCKS,)),
+    M("budget-running-uncapped", "nanovllm_ref/engine/scheduler.py",
+      "num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)",
+      "num_new = len(seq.token_ids) - seq.num_computed_tokens",
+      "scheduler: a running prefill's next chunk is not capped by the token budget", (SCHED,)),
+    M("admit-on-empty-budget", "nanovllm_ref/engine/scheduler.py",
+      "while self.waiting and budget > 0 and", "while self.waiting and budget >= 0 and",
+      "scheduler admits a request with no token budget left (a 0-token grant)", (SCHED,)),
+    M("fcfs-rotate", "nanovllm_ref/engine/scheduler.py",
+      "            if not self.block_manager.allocate(seq, num_new, cached):\n                break\n",
+      "            if not self.block_manager.allocate(seq, num_new, cached):\n"
+      "                self.waiting.rotate(-1)\n                break\n",
+      "scheduler sends a request that does not fit to the back of the queue (a younger one goes first)", (SCHED,)),
+    M("moe-router-never-normalized", "nanovllm_ref/models/qwen3_moe.py", "        if self.norm_topk_prob:\n",
+      "        if False:\n", "MoE router: norm_topk_prob ignored (top-k weights never renormalized)",
+      ("tests/test_architectures.py",), (*CONFORMANCE, *MOE)),
+    M("rmsnorm-kernel-input-dtype", "nanovllm_ref/kernels/rmsnorm.py", "        h = x.to(tl.float32)\n",
+      "        h = x\n", "Triton RMSNorm sums the squares in the input dtype (fp16 overflows at large magnitudes)",
+      (RMS,), kernels("rms_norm")),
+    M("decode-reduce-no-max", "nanovllm_ref/kernels/decode_attention.py", "w = tl.exp2(m - m_max)",
+      "w = tl.exp2(m)", "Triton split-decode reduce without the max shift (overflows at large scores)",
+      ("tests/kernels/test_kernel_attention.py",), kernels("decode")),
+    M("online-softmax-max-reset", "nanovllm_ref/kernels/_triton_common.py",
+      "m_new = tl.maximum(m_i, tl.max(s, 1))", "m_new = tl.max(s, 1)",
+      "Triton attention: the running max forgets earlier tiles (overflows when scores fall)",
+      (KERNEL_ATTN,), kernels("attention")),
     M("async-stale-rows", "nanovllm_ref/engine/llm_engine.py",
       "keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]", "keep = None",
       "async scheduling feeds the step behind one whose rows finished the wrong rows' tokens",
@@ -103,27 +191,29 @@ MUTANTS: tuple[Mutant, ...] = (
       ("tests/test_async_scheduling.py",)),
     M("flash-attn-not-causal", "nanovllm_ref/attention/flash_attn_backend.py",
       "causal=True, block_table=meta.block_tables", "causal=False, block_table=meta.block_tables",
-      "flash-attn backend: prefill without the causal mask", ("tests/test_flash_attn_backend.py",)),
+      "flash-attn backend: prefill without the causal mask", ("tests/test_flash_attn_backend.py",),
+      ("conformance/test_golden.py",), gpu=True),
     M("top-k-off-by-one", "nanovllm_ref/layers/sampler.py", "sorted_logits.gather(-1, (vocab - k)[:, None])",
       "sorted_logits.gather(-1, (vocab - k - 1).clamp(min=0)[:, None])",
-      "top-k keeps k + 1 tokens", (f"{SAMPLING}::test_top_k_restricts_support_and_renormalizes",)),
+      "top-k keeps k + 1 tokens", (f"{SAMPLING}::test_top_k_restricts_support_and_renormalizes",), (SAMPLING_CONF,)),
     M("top-p-nucleus", "nanovllm_ref/layers/sampler.py", "drop = probs.cumsum(dim=-1) <= 1 - top_p",
       "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p", "top-p drops the token that crosses p",
-      (f"{SAMPLING}::test_top_p_keeps_the_smallest_nucleus",)),
+      (f"{SAMPLING}::test_top_p_keeps_the_smallest_nucleus",), (SAMPLING_CONF,)),
     M("temperature-multiplies", "nanovllm_ref/kernels/sampling.py",
       "scores = logits / torch.where(temperature > 0", "scores = logits * torch.where(temperature > 0",
-      "sampling multiplies the logits by the temperature", (f"{SAMPLING}::test_temperature_distribution",)),
+      "sampling multiplies the logits by the temperature", (f"{SAMPLING}::test_temperature_distribution",),
+      kernels("gumbel")),
     M("seed-position-ignored", "nanovllm_ref/kernels/sampling.py",
       "return pcg_hash((pcg_hash((seeds ^ (seeds >> 32)) & _M32) + counters) & _M32)",
       "return pcg_hash((pcg_hash((seeds ^ (seeds >> 32)) & _M32)) & _M32)",
-      "seeded noise ignores the token position (every step draws the same noise)", (SAMPLING,)),
+      "seeded noise ignores the token position (every step draws the same noise)", (SAMPLING,), kernels("gumbel")),
     M("kernel-key-ignores-position", "nanovllm_ref/kernels/sampling.py",
       "+ tl.load(counters_ptr + row).to(tl.uint32))", ")",
       "the Triton sampler's row key ignores the token position",
-      (f"{SAMPLING}::test_gumbel_kernel_matches_reference",)),
+      (f"{SAMPLING}::test_gumbel_kernel_matches_reference",), kernels("gumbel")),
     M("kernel-nan-row-unflagged", "nanovllm_ref/kernels/sampling.py",
       "finite &= (x == x)", "finite |= (x == x)", "the Triton sampler does not flag a row of NaN/inf logits",
-      (f"{SAMPLING}::test_gumbel_kernel_matches_reference",)),
+      (f"{SAMPLING}::test_gumbel_kernel_matches_reference",), kernels("gumbel")),
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", 'offset = q_size if shard_id == "k" else q_size + kv_size',
       'offset = q_size + kv_size if shard_id == "k" else q_size', "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),
@@ -168,11 +258,22 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 @dataclass
-class Result:
-    mutant: Mutant
-    caught: bool
+class Outcome:
+    caught: bool | None  # None: not run (a GPU-only site on a machine without one, or the column skipped)
     by: list[str]
     seconds: float
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    conformance: Outcome
+    targeted: Outcome
+
+    @property
+    def caught(self) -> bool:
+        """The headline: caught by the conformance suite (GPU-only sites: by their targeted tests until run there)."""
+        return bool(self.conformance.caught) if self.conformance.caught is not None else bool(self.targeted.caught)
 
 
 def find(mutants: tuple[Mutant, ...], patterns: list[str]) -> list[Mutant]:
@@ -191,84 +292,129 @@ def check_snippets(root: Path, mutants: list[Mutant]) -> None:
                              f"{m.file} (expected exactly once): update tools/mutants.py")
 
 
+def pytest_command(args: tuple[str, ...]) -> list[str]:
+    """The pytest command of a run: OPTIONS (without their --model when ``args`` name one), then ``args``."""
+    options = OPTIONS[2:] if "--model" in args else OPTIONS
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *options, *args]
+
+
+def conformance_args(m: Mutant) -> tuple[str, ...] | None:
+    """The conformance run of ``m``: None when its site needs a GPU and there is none."""
+    if not m.gpu:
+        return m.conformance
+    import torch
+
+    return (*m.conformance, "-m", "gpu") if torch.cuda.is_available() else None
+
+
 def run_pytest(root: Path, args: tuple[str, ...], timeout: float) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
            "HYPOTHESIS_PROFILE": "mutants", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *OPTIONS, *args]
     try:
-        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(pytest_command(args), cwd=root, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return 124, "timeout"
     return done.returncode, done.stdout + done.stderr
 
 
-def run_mutant(root: Path, m: Mutant, timeout: float = 600) -> Result:
-    """Apply ``m`` to the tree at ``root``, run its tests, restore the file."""
-    path = root / m.file
-    original = path.read_text()
-    check_snippets(root, [m])
-    path.write_text(original.replace(m.old, m.new))
+def outcome(root: Path, name: str, args: tuple[str, ...] | None, timeout: float) -> Outcome:
+    if args is None:
+        return Outcome(None, [], 0.0)
     t0 = time.perf_counter()
-    try:
-        code, log = run_pytest(root, m.tests, timeout)
-    finally:
-        path.write_text(original)
+    code, log = run_pytest(root, args, timeout)
     seconds = time.perf_counter() - t0
+    if code == 5:  # every test deselected (e.g. a -k of cases this tree does not have yet): nothing caught it
+        return Outcome(False, ["(no tests collected)"], seconds)
     if code not in (0, 1, 2, 124):
-        raise RuntimeError(f"mutant {m.name}: pytest exited {code} (usage or internal error):\n{log[-3000:]}")
+        raise RuntimeError(f"mutant {name}: pytest exited {code} (usage or internal error):\n{log[-3000:]}")
     by = re.findall(r"^(?:FAILED|ERROR) (\S+)", log, flags=re.M)
     if code == 124:
         by = ["(timeout)"]
     elif code and not by:
         by = [f"(pytest exit {code})"]
-    return Result(m, code != 0, by, seconds)
+    return Outcome(code != 0, by, seconds)
 
 
-def baseline(root: Path, mutants: list[Mutant]) -> float:
+def run_mutant(root: Path, m: Mutant, timeout: float = 600, targeted: bool = True) -> Result:
+    """Apply ``m`` to the tree at ``root``, run its conformance and targeted tests, restore the file."""
+    path = root / m.file
+    original = path.read_text()
+    check_snippets(root, [m])
+    path.write_text(original.replace(m.old, m.new))
+    try:
+        conf = outcome(root, m.name, conformance_args(m), timeout)
+        tgt = outcome(root, m.name, m.tests if targeted else None, timeout)
+    finally:
+        path.write_text(original)
+    return Result(m, conf, tgt)
+
+
+def baseline(root: Path, mutants: list[Mutant], targeted: bool = True) -> float:
     """Every chosen test on the unmutated copy must pass (otherwise 'caught' would mean nothing)."""
-    args = list(dict.fromkeys(t for m in mutants for t in m.tests))
+    runs = list(dict.fromkeys(a for m in mutants for a in [conformance_args(m)] if a is not None))
+    if targeted:
+        runs.append(tuple(dict.fromkeys(t for m in mutants for t in m.tests)))
     t0 = time.perf_counter()
-    code, log = run_pytest(root, tuple(args), 1800)
-    if code != 0:
-        raise RuntimeError(f"the unmutated tree fails its own tests ({' '.join(args)}):\n{log[-3000:]}")
+    for args in runs:
+        code, log = run_pytest(root, args, 1800)
+        if code not in (0, 5):
+            raise RuntimeError(f"the unmutated tree fails its own tests ({' '.join(args)}):\n{log[-3000:]}")
     return time.perf_counter() - t0
 
 
+def _cell(o: Outcome, gpu: bool) -> str:
+    if o.caught is None:
+        return "GPU only (`-m gpu`)" if gpu else "-"
+    by = ", ".join(f"`{b}`" for b in o.by[:2])
+    return ("yes" if o.caught else "**NO**") + (f" ({by})" if by else "") + f", {o.seconds:.0f} s"
+
+
 def table(results: list[Result]) -> str:
-    lines = ["| mutant | file | description | caught | by | seconds |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| mutant | file | description | caught by `pytest conformance` (CPU) | caught by targeted tests |",
+             "| --- | --- | --- | --- | --- |"]
     for r in results:
-        by = ", ".join(f"`{b}`" for b in r.by[:3]) or "-"
         lines.append(f"| {r.mutant.name} | `{r.mutant.file}` | {r.mutant.description} | "
-                     f"{'yes' if r.caught else '**NO**'} | {by} | {r.seconds:.0f} |")
+                     f"{_cell(r.conformance, r.mutant.gpu)} | {_cell(r.targeted, False)} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=[], help="mutant names or substrings")
-    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--list", action="store_true", help="list the mutants and their conformance commands, then exit")
     p.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated tree")
+    p.add_argument("--conformance-only", action="store_true", help="skip the targeted tests' column")
     args = p.parse_args(argv)
     chosen = find(MUTANTS, args.only)
     check_snippets(ROOT, chosen)
     if args.list:
         for m in chosen:
-            print(f"{m.name:28} {m.file:45} {m.description}")
+            conf = conformance_args(m)
+            cmd = " ".join(pytest_command(conf)[1:]) if conf else "GPU only: " + " ".join(m.conformance) + " -m gpu"
+            print(f"{m.name:30} {m.file:45} {m.description}\n{'':30} conformance: {cmd}")
         return 0
+    targeted = not args.conformance_only
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         root = Path(tmp) / "repo"
         shutil.copytree(ROOT, root, ignore=IGNORE)
         if not args.no_baseline:
-            print(f"baseline (unmutated): passed in {baseline(root, chosen):.0f} s", flush=True)
+            print(f"baseline (unmutated): passed in {baseline(root, chosen, targeted):.0f} s", flush=True)
         results = []
         for m in chosen:
-            results.append(run_mutant(root, m))
+            results.append(run_mutant(root, m, targeted=targeted))
             r = results[-1]
-            print(f"{m.name}: {'caught' if r.caught else 'SURVIVED'} ({r.seconds:.0f} s)", flush=True)
+            print(f"{m.name}: conformance {_cell(r.conformance, m.gpu)}; targeted {_cell(r.targeted, False)}",
+                  flush=True)
     print(table(results))
     survivors = [r.mutant.name for r in results if not r.caught]
-    print(f"\n{len(results) - len(survivors)}/{len(results)} mutants caught" +
-          (f"; survived: {survivors}" if survivors else ""))
+    conf_caught = sum(bool(r.conformance.caught) for r in results)
+    gpu_only = sum(r.conformance.caught is None for r in results)
+    tgt_caught = sum(bool(r.targeted.caught) for r in results)
+    print(f"\nconformance (CPU): {conf_caught}/{len(results)} caught" + (f" ({gpu_only} GPU-only sites not run)"
+                                                                       if gpu_only else "") +
+          (f"; targeted tests: {tgt_caught}/{len(results)}" if targeted else "") +
+          (f"; not caught by conformance: {survivors}" if survivors else ""))
     return 1 if survivors else 0
 
 

@@ -7,11 +7,15 @@ running sequence is preempted: its blocks are freed and it is recomputed later f
 output is unaffected. Nothing here asserts: a request that could never fit is refused when added.
 Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the decode step
 behind the one in flight for the engine's async scheduling.
+`on_schedule` (optional, None by default) is called after every `schedule()` with the scheduler, the step's
+output and the waiting queue as it was before the step, so tests can check each decision against the
+invariants above (nanovllm_ref/oracle/schedule_check.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -52,6 +56,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._decode_batch: DecodeBatch | None = None  # valid while it tracks `running` (see decode_batch.py)
+        self.on_schedule: Callable[[Scheduler, SchedulerOutput, list[Sequence]], None] | None = None
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise ValueError if a request of this size could never run, whatever else is going on."""
@@ -79,6 +84,14 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        if self.on_schedule is None:
+            return self._schedule()
+        waiting = list(self.waiting)
+        out = self._schedule()
+        self.on_schedule(self, out, waiting)
+        return out
+
+    def _schedule(self) -> SchedulerOutput:
         fast = self._schedule_decodes()
         if fast is not None:
             return fast

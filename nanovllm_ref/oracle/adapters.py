@@ -111,6 +111,16 @@ class NanovllmRefAdapter:
                                        o.num_cached_tokens, c.text) for c in o.outputs])
         return results
 
+    def observe_schedule(self, callback: Callable[[Any], None] | None) -> None:
+        """Call ``callback(ScheduleDecision)`` after every scheduling step (None: stop); see
+        oracle/schedule_check.py. Optional for adapters: the conformance workload checks the decisions when
+        an adapter has this method."""
+        from .schedule_check import nanovllm_ref_decision
+
+        scheduler, steps = self.llm.engine.scheduler, iter(range(1 << 62))
+        scheduler.on_schedule = None if callback is None else (
+            lambda sched, out, waiting: callback(nanovllm_ref_decision(sched, out, waiting, next(steps))))
+
     @property
     def num_preemptions(self) -> int:
         return self.llm.engine.scheduler.num_preemptions

@@ -46,6 +46,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--report", dict(default="conformance-report.json", help="where to write the JSON report")),
         ("--tol", dict(type=float, default=None, help="override the generated-step logprob tolerance")),
         ("--prompt-tol", dict(type=float, default=None, help="override the prompt logprob tolerance")),
+        ("--kernels", dict(default=None,
+                           help="pkg.module:function returning the KernelCandidate list to check in "
+                                "conformance/test_kernels.py (default: nanovllm_ref's kernels with "
+                                "--engine nanovllm_ref, none otherwise); see nanovllm_ref/testing/kernels.py")),
         ("--torch-threads", dict(type=int, default=1,
                                  help="torch CPU threads while conformance tests run (default 1: the tiny models "
                                       "gain nothing from more, and on a loaded machine multi-threaded torch is "

@@ -12,29 +12,12 @@ interpreter is slow and the first GPU call compiles).
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
+from nanovllm_ref.testing.interpreter import use_triton_interpreter
 
-import torch
-
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "triton" in sys.modules:
-        # Something (a parent conftest, an earlier test module) imported triton in compiled mode: its own
-        # @jit helpers (tl.zeros, tl.sum, tl.cdiv, ...) must be re-decorated for the interpreter, then ours.
-        import triton.language
-        import triton.language.standard
-
-        importlib.reload(triton.language.standard)
-        importlib.reload(triton.language)
-    for name in ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "rotary",
-                 "activation", "fused_moe"):
-        module = sys.modules.get(f"nanovllm_ref.kernels.{name}")
-        if module is not None:
-            importlib.reload(module)
+use_triton_interpreter()
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Hypothesis profiles come from the repo-root conftest (HYPOTHESIS_PROFILE=ci|dev|thorough).
 

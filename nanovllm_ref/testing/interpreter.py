@@ -1,0 +1,47 @@
+"""Run Triton kernels in Triton's interpreter on machines without a GPU (exact but slow; bf16 tl.dot is broken
+there, so CPU checks use float32 / float16).
+
+TRITON_INTERPRET must be set before any @triton.jit function is defined (triton's own included). When triton or
+the kernels were already imported in compiled mode (a parent conftest, an earlier test module), they are reloaded
+so that their @jit functions are re-decorated for the interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+KERNEL_MODULES = ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "rotary",
+                  "activation", "fused_moe", "sampling")
+
+
+def use_triton_interpreter() -> bool:
+    """Set TRITON_INTERPRET=1 when there is no CUDA GPU and it is not set, and make sure that triton and the kernels
+    loaded so far are in interpreter mode (a pip-installed nanovllm_ref's pytest plugin imports them before any
+    conftest runs); returns whether the interpreter is on."""
+    import torch
+
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    if "triton" in sys.modules and not _interpreted():
+        import triton.language
+        import triton.language.standard
+
+        importlib.reload(triton.language.standard)
+        importlib.reload(triton.language)
+        for name in KERNEL_MODULES:
+            module = sys.modules.get(f"nanovllm_ref.kernels.{name}")
+            if module is not None:
+                importlib.reload(module)
+    return True
+
+
+def _interpreted() -> bool:
+    """Whether triton's own @jit helpers were defined for the interpreter."""
+    import triton.language.standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(triton.language.standard.sum, InterpretedFunction)

@@ -1,0 +1,258 @@
+"""Kernel-level conformance: any engine's kernels against nanovllm_ref's public pure-torch references.
+
+:data:`KERNELS` maps a kernel name to a :class:`KernelSpec`: a Hypothesis strategy of inputs (paged batches from
+strategies.py, activations scaled by a magnitude from 1e-3 to 1e2, GQA ratios, block sizes, head dims), the
+reference (``nanovllm_ref.kernels.*_reference``, whose signature every candidate takes) and the check. A
+candidate is a :class:`KernelCandidate` ``(kernel name, label, fn)``; nanovllm_ref's own are
+:func:`nanovllm_ref_candidates` (its Triton kernels, the decode kernel once per split count). Another engine
+plugs its kernels in by returning its own list from a ``pkg.module:function`` given to ``--kernels`` (see
+conformance/README.md)::
+
+    def my_kernels():
+        return [KernelCandidate("rms_norm", "mine", my_rms_norm),          # rms_norm_reference's signature
+                KernelCandidate("prefill_attention", "mine", my_prefill)]  # prefill_attention_reference's
+
+``size="small"`` draws shapes the Triton interpreter runs in seconds (CPU, CI); ``size="full"`` real ones (GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from ..kernels.activation import silu_and_mul_reference
+from ..kernels.decode_attention import decode_attention_reference
+from ..kernels.fused_moe import fused_moe_ref
+from ..kernels.prefill_attention import prefill_attention_reference
+from ..kernels.rmsnorm import rms_norm_reference
+from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
+from ..kernels.sampling import gumbel_sample_reference
+from ..kernels.store_kv import store_kv_reference
+from .strategies import RELATIVE_TOLERANCE, PagedBatch, paged_batches, relative_error
+
+MAGNITUDES = (1e-3, 1e-1, 1.0, 1e2)  # activations scaled by these: epsilon and accumulation-dtype bugs show
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    inputs: Callable[..., st.SearchStrategy]  # (size, dtypes, magnitude, device) -> strategy of inputs
+    call: Callable[[Callable, Any], Any]  # call(fn, inputs) -> output; fn has the reference's signature
+    check: Callable[[Any, Any, Any], None]  # check(out, ref_out, inputs): raises AssertionError
+    reference: Callable
+
+
+@dataclass(frozen=True)
+class KernelCandidate:
+    kernel: str  # a key of KERNELS
+    label: str
+    fn: Callable  # same signature as KERNELS[kernel].reference
+
+
+def _scaled(x: torch.Tensor, magnitude: float) -> torch.Tensor:
+    return (x.float() * magnitude).to(x.dtype)
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, factor: float = 1.0) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (out.shape, out.dtype, ref.shape, ref.dtype)
+    assert out.isfinite().all() == ref.isfinite().all(), "non-finite outputs where the reference has none"
+    err = relative_error(out, ref)
+    assert err < RELATIVE_TOLERANCE[dtype] * factor, f"relative error {err:.3g}"
+
+
+# ---- paged attention and the KV store --------------------------------------------------------------------
+def _attention_inputs(decode: bool):
+    def inputs(size: str, dtypes, magnitude: float, device: str) -> st.SearchStrategy:
+        small = size == "small"
+        batches = paged_batches(head_dims=(32, 64) if small else (64, 128, 96),
+                                gqa_ratios=(1, 2, 4) if small else (1, 2, 4, 8),
+                                block_sizes=(16, 32) if small else (16, 32, 64, 256), max_seqs=3 if small else 8,
+                                max_context=70 if small else 1100, decode_only=decode, dtype=tuple(dtypes),
+                                device=device, poison=("nan", "large"))
+
+        def scale(b: PagedBatch) -> PagedBatch:
+            b.q = _scaled(b.q, magnitude)  # sharper or flatter softmax
+            b.v_cache, b.value = _scaled(b.v_cache, magnitude), _scaled(b.value, magnitude)
+            return b
+        return batches.map(scale)
+    return inputs
+
+
+def _prefill_call(fn: Callable, b: PagedBatch) -> torch.Tensor:
+    return fn(b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, b.scale)
+
+
+def _decode_call(fn: Callable, b: PagedBatch) -> torch.Tensor:
+    return fn(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
+
+
+def _attention_check(out: torch.Tensor, ref: torch.Tensor, b: PagedBatch) -> None:
+    assert out.isfinite().all(), "unwritten (NaN) outputs, or poisoned KV read"
+    _close(out, ref, b.q.dtype)
+
+
+def _store_call(fn: Callable, b: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = b.poisoned_caches()
+    fn(b.key, b.value, k, v, b.slot_mapping)
+    return k, v
+
+
+def _store_check(out, ref, b: PagedBatch) -> None:
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=0, atol=0, equal_nan=True)
+
+
+# ---- elementwise / norm / rotary / MoE / sampling ---------------------------------------------------------
+@st.composite
+def _norm_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    dtype = draw(st.sampled_from(list(dtypes)))
+    # sizes that are not powers of two come first: a kernel that pads to its tile must not let the padding count
+    hidden = draw(st.sampled_from([200, 48, 1000, 64] if size == "small" else [2880, 5120, 1024, 4096]))
+    tokens = draw(st.integers(1, 5 if size == "small" else 300))
+    gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = (torch.randn(tokens, hidden, generator=gen, device=device) * magnitude).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen, device=device)).to(draw(st.sampled_from([dtype, torch.float32])))
+    res = (torch.randn(tokens, hidden, generator=gen, device=device) * magnitude).to(dtype) \
+        if draw(st.booleans()) else None
+    return x, w, draw(st.sampled_from([1e-6, 1e-5])), res
+
+
+def _norm_check(out, ref, inputs) -> None:
+    if inputs[3] is not None:
+        assert torch.equal(out[1], ref[1]), "the residual sum must be bitwise the reference's"
+        out, ref = out[0], ref[0]
+    _close(out, ref, inputs[0].dtype, 0.1)
+
+
+@st.composite
+def _rotary_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    dtype = draw(st.sampled_from(list(dtypes)))
+    head_dim = draw(st.sampled_from([16, 32, 64, 128]))
+    base = draw(st.sampled_from([1e4, 5e5, 1e6]))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    tokens, heads = draw(st.integers(1, 6 if size == "small" else 512)), draw(st.sampled_from([1, 2, 5, 8]))
+    x = (torch.randn(tokens, heads + 2, head_dim, generator=gen, device=device) * magnitude).to(dtype)
+    x = x[:, 1: heads + 1] if draw(st.booleans()) else x[:, :heads].contiguous()  # a view into fused qkv
+    positions = torch.randint(0, 4096, (tokens,), generator=gen, device=device)
+    return x, positions, rope_cos_sin_cache(inv_freq, 4096)
+
+
+def _rotary_check(out, ref, inputs) -> None:
+    tol = {torch.float32: 1e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[inputs[0].dtype]
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol * inputs[0].abs().max().item())
+
+
+@st.composite
+def _silu_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    dtype = draw(st.sampled_from(list(dtypes)))
+    d = draw(st.sampled_from([24, 100, 512] if size == "small" else [768, 3072, 14336]))
+    tokens = draw(st.integers(1, 5 if size == "small" else 300))
+    gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    return ((torch.randn(tokens, 2 * d, generator=gen, device=device) * magnitude).to(dtype),)
+
+
+@st.composite
+def _moe_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    dtype = draw(st.sampled_from(list(dtypes)))
+    small = size == "small"
+    tokens = draw(st.integers(1, 40 if small else 1024))
+    experts = draw(st.sampled_from([4, 8] if small else [8, 64, 128]))
+    top_k = draw(st.sampled_from([1, 2, 4] if small else [2, 8]))
+    hidden, inter = draw(st.sampled_from([(40, 24), (64, 48)] if small else [(2048, 768), (1024, 512)]))
+    if dtype == torch.float16:  # x 1e2 through two projections and a product leaves fp16's range (6.5e4)
+        magnitude = min(magnitude, 10.0)
+    gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = (torch.randn(tokens, hidden, generator=gen, device=device) * magnitude).to(dtype)
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen, device=device) / hidden**0.5).to(dtype)
+    w_down = (torch.randn(experts, hidden, inter, generator=gen, device=device) / inter**0.5).to(dtype)
+    logits = torch.randn(tokens, experts, generator=gen, device=device)
+    logits[:, experts - draw(st.integers(0, experts // 2)):] = float("-inf")  # experts nobody routes to
+    weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+    if draw(st.booleans()):  # normalized top-k weights (norm_topk_prob) or raw ones
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return x, w_gate_up, w_down, weights.to(dtype), ids
+
+
+def _moe_check(out, ref, inputs) -> None:
+    _close(out, ref, inputs[0].dtype, 0.1 if inputs[0].dtype == torch.float32 else 1.0)
+
+
+@st.composite
+def _sampling_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    n = draw(st.integers(1, 6 if size == "small" else 256))
+    vocab = draw(st.sampled_from([50, 1000, 5000] if size == "small" else [32000, 151936]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    logits = torch.randn(n, vocab, generator=gen) * 3 * magnitude
+    logits[:, :: draw(st.integers(2, 5))] = float("-inf")  # masked by top-k / top-p: never drawn
+    if draw(st.booleans()):
+        logits[draw(st.integers(0, n - 1)), draw(st.integers(0, vocab - 1))] = float("nan")
+    # the simplest draws (temperature 1 or 0, seed 0, position 0) would hide temperature and position bugs
+    temperature = torch.tensor([draw(st.sampled_from([0.7, 2.0, 0.0, 1.0])) for _ in range(n)])
+    seeds = torch.tensor([draw(st.integers(1, 2**63 - 1)) * draw(st.sampled_from([1, -1])) for _ in range(n)])
+    counters = torch.tensor([draw(st.integers(1, 2**33)) for _ in range(n)])
+    return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
+
+
+def _sampling_check(out, ref, inputs) -> None:
+    finite = ref[1].bool()
+    assert torch.equal(out[1], ref[1]), f"finite flags {out[1].tolist()} != {ref[1].tolist()}"
+    assert torch.equal(out[0][finite], ref[0][finite]), f"tokens {out[0].tolist()} != {ref[0].tolist()}"
+
+
+def _plain_call(fn: Callable, inputs: tuple) -> Any:
+    return fn(*inputs)
+
+
+def _plain_check(out, ref, inputs) -> None:
+    _close(out, ref, inputs[0].dtype, 0.1)
+
+
+KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
+    KernelSpec("prefill_attention", _attention_inputs(False), _prefill_call, _attention_check,
+               prefill_attention_reference),
+    KernelSpec("decode_attention", _attention_inputs(True), _decode_call, _attention_check,
+               decode_attention_reference),
+    KernelSpec("store_kv", _attention_inputs(False), _store_call, _store_check, store_kv_reference),
+    KernelSpec("rms_norm", _norm_inputs, _plain_call, _norm_check, rms_norm_reference),
+    KernelSpec("apply_rotary", _rotary_inputs, _plain_call, _rotary_check, apply_rotary_reference),
+    KernelSpec("silu_and_mul", _silu_inputs, _plain_call, _plain_check, silu_and_mul_reference),
+    KernelSpec("fused_moe", _moe_inputs, _plain_call, _moe_check, fused_moe_ref),
+    KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
+)}
+
+
+def nanovllm_ref_candidates() -> list[KernelCandidate]:
+    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature."""
+    from ..kernels import (
+        activation,
+        decode_attention,
+        fused_moe,
+        prefill_attention,
+        rmsnorm,
+        rotary,
+        sampling,
+        store_kv,
+    )
+
+    def decode_with(splits: int | None) -> Callable:
+        def decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+            return decode_attention.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                     num_splits=splits)
+        return decode
+
+    candidates = [KernelCandidate("decode_attention", f"triton-splits-{s or 'auto'}", decode_with(s))
+                  for s in (None, 1, 3)]
+    return candidates + [
+        KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention),
+        KernelCandidate("store_kv", "triton", store_kv.store_kv),
+        KernelCandidate("rms_norm", "triton", rmsnorm.rms_norm),
+        KernelCandidate("apply_rotary", "triton", rotary.apply_rotary),
+        KernelCandidate("silu_and_mul", "triton", activation.silu_and_mul),
+        KernelCandidate("fused_moe", "triton", fused_moe.fused_moe),
+        KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample),
+    ]

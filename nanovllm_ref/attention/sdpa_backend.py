@@ -1,0 +1,70 @@
+"""The `sdpa` backend, the CPU default: one `scaled_dot_product_attention` call per layer for the whole batch.
+
+The torch reference loops over sequences in Python (a gather, two einsums and a softmax per sequence and
+layer); here every sequence's keys are gathered from the paged cache at once by slot index into a padded
+`(num_seqs, max_context, kv_heads, head_dim)` tensor, and the queries are padded to `(num_seqs, max_query_len)`,
+so a step costs the same few torch calls whatever its batch size (vLLM's CPU backend and transformers' `sdpa`
+paged attention also batch this way). Query token i of a sequence sits at position `seq_len - q_len + i`,
+so one mask `key_pos <= query_pos` covers fresh prompts, cached prefixes, chunks and decode.
+
+Keys past a sequence's context are read from its position 0 instead of whatever the cache holds there (a
+freed block may hold another request's NaN): masked scores are zero weights, and zero times NaN would still
+poison the sum. Decode batches put a KV head's whole query group in one row block (no K/V repeat); longer
+queries use SDPA's `enable_gqa`. Numerically this is the reference up to float rounding (tests/test_sdpa_backend.py
+checks it against `prefill_attention_reference` on random paged batches).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.store_kv import store_kv_reference
+from .base import AttentionBackend
+from .metadata import AttentionMetadata
+
+
+def gather_keys(
+    cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    slots: torch.Tensor,  # (num_seqs, max_context) int64
+) -> torch.Tensor:  # (num_seqs, num_kv_heads, max_context, head_dim)
+    rows = cache.view(-1, *cache.shape[2:]).index_select(0, slots.view(-1))
+    return rows.view(*slots.shape, *cache.shape[2:]).transpose(1, 2)
+
+
+def context_slots(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(num_seqs, width * block_size) int64: the cache slot of every key position; past the context, slot 0's."""
+    num_seqs, width = block_tables.shape
+    slots = (block_tables.long() * block_size)[:, :, None] + torch.arange(block_size, device=block_tables.device)
+    slots = slots.view(num_seqs, width * block_size)
+    key_pos = torch.arange(slots.shape[1], device=slots.device)
+    return torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])
+
+
+class SdpaBackend(AttentionBackend):
+    name = "sdpa"
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        num_seqs = meta.seq_lens.shape[0]
+        slots = context_slots(meta.block_tables, meta.seq_lens, k_cache.shape[1])  # (num_seqs, max_context)
+        k, v = gather_keys(k_cache, slots), gather_keys(v_cache, slots)  # (num_seqs, kv_heads, ctx, head_dim)
+        key_pos = torch.arange(slots.shape[1], device=q.device)
+        if q.shape[0] == num_seqs and meta.decode_only:  # a KV head's query group shares its row block
+            queries = q.view(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (num_seqs, kv_heads, group, d)
+            mask = (key_pos < meta.seq_lens[:, None])[:, None, None, :]  # (num_seqs, 1, 1, ctx)
+            out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=self.scale)
+            return out.reshape(q.shape)
+        q_lens = meta.query_start_loc.diff()  # (num_seqs,)
+        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens,
+                                               output_size=q.shape[0])
+        row = torch.arange(q.shape[0], device=q.device) - meta.query_start_loc[seq_of_token]
+        padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:])  # (num_seqs, max_q, heads, d)
+        padded[seq_of_token, row] = q
+        query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=q.device)
+        mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
+        out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale,
+                                             enable_gqa=True)  # (num_seqs, heads, max_q, d)
+        return out.transpose(1, 2)[seq_of_token, row]

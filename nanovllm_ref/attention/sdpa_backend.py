@@ -50,21 +50,22 @@ class SdpaBackend(AttentionBackend):
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         num_seqs = meta.seq_lens.shape[0]
         slots = context_slots(meta.block_tables, meta.seq_lens, k_cache.shape[1])  # (num_seqs, max_context)
-        k, v = gather_keys(k_cache, slots), gather_keys(v_cache, slots)  # (num_seqs, kv_heads, ctx, head_dim)
+        # in float32 like the reference (a no-op for float32 caches): bf16 scores would drift from it
+        k, v = gather_keys(k_cache, slots).float(), gather_keys(v_cache, slots).float()  # (seqs, kv_heads, ctx, d)
         key_pos = torch.arange(slots.shape[1], device=q.device)
         if q.shape[0] == num_seqs and meta.decode_only:  # a KV head's query group shares its row block
-            queries = q.view(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (num_seqs, kv_heads, group, d)
+            queries = q.float().view(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
             mask = (key_pos < meta.seq_lens[:, None])[:, None, None, :]  # (num_seqs, 1, 1, ctx)
             out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=self.scale)
-            return out.reshape(q.shape)
+            return out.reshape(q.shape).to(q.dtype)
         q_lens = meta.query_start_loc.diff()  # (num_seqs,)
         seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens,
                                                output_size=q.shape[0])
         row = torch.arange(q.shape[0], device=q.device) - meta.query_start_loc[seq_of_token]
-        padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:])  # (num_seqs, max_q, heads, d)
-        padded[seq_of_token, row] = q
+        padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
+        padded[seq_of_token, row] = q.float()
         query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=q.device)
         mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
         out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale,
                                              enable_gqa=True)  # (num_seqs, heads, max_q, d)
-        return out.transpose(1, 2)[seq_of_token, row]
+        return out.transpose(1, 2)[seq_of_token, row].to(q.dtype)

@@ -21,16 +21,21 @@ def tests(session: nox.Session) -> None:
     """Everything CI runs: unit, property, kernel (Triton interpreter), conformance and perf smoke tests."""
     _install(session)
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "tests", "conformance", "perf", "-q", "-p", "no:cacheprovider", *session.posargs,
-                env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1"})
+    # the full CPU engine benchmark (perf/test_cpu.py, marker cpu_bench) is deselected: its gate is a speed ratio,
+    # which a shared CI machine cannot promise; its smoke variant runs
+    session.run("pytest", "tests", "conformance", "perf", "-q", "-p", "no:cacheprovider", "-m", "not cpu_bench",
+                *session.posargs, env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1"})
 
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table."""
+    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table. nanovllm_ref's
+    run is spread over pytest-xdist workers, one model per worker at a time (`-- -n 0` runs it serially)."""
     _install(session)
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "conformance", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    other_engine = any(a.startswith("--engine") for a in session.posargs)  # e.g. one GPU engine: no parallel copies
+    xdist = [] if other_engine else ["-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup"]
+    session.run("pytest", "conformance", "-q", *xdist, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(name="conformance-thorough")

@@ -60,6 +60,7 @@ def test_sdpa_prefill_matches_reference(b):
 @pytest.mark.parametrize("case", [
     ([300, 1, 700, 256], [1, 1, 1, 1]),  # decode of very different context lengths
     ([300, 20, 700, 513], [300, 20, 5, 1]),  # prompt, chunk over a cached prefix, a decode mixed in
+    ([300, 20, 7, 513], [300, 20, 7, 513]),  # fresh prompts only (SDPA's own causal mask)
 ])
 def test_sdpa_fixed_cases(case):
     ctx_lens, q_lens = case

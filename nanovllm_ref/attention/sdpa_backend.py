@@ -5,7 +5,8 @@ layer); here every sequence's keys are gathered from the paged cache at once by 
 `(num_seqs, max_context, kv_heads, head_dim)` tensor, and the queries are padded to `(num_seqs, max_query_len)`,
 so a step costs the same few torch calls whatever its batch size (vLLM's CPU backend and transformers' `sdpa`
 paged attention also batch this way). Query token i of a sequence sits at position `seq_len - q_len + i`,
-so one mask `key_pos <= query_pos` covers fresh prompts, cached prefixes, chunks and decode.
+so one mask `key_pos <= query_pos` covers fresh prompts, cached prefixes, chunks and decode; a batch of only
+fresh prompts takes SDPA's own causal mask instead, which skips the tiles above the diagonal.
 
 Keys past a sequence's context are read from its position 0 instead of whatever the cache holds there (a
 freed block may hold another request's NaN): masked scores are zero weights, and zero times NaN would still
@@ -64,8 +65,13 @@ class SdpaBackend(AttentionBackend):
         row = torch.arange(q.shape[0], device=q.device) - meta.query_start_loc[seq_of_token]
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
         padded[seq_of_token, row] = q.float()
-        query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=q.device)
-        mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
-        out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale,
-                                             enable_gqa=True)  # (num_seqs, heads, max_q, d)
+        if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: the plain causal mask is exact for real rows
+            n = meta.max_query_len  # (and lets the kernel skip the key tiles above the diagonal)
+            out = F.scaled_dot_product_attention(padded.transpose(1, 2), k[:, :, :n], v[:, :, :n], is_causal=True,
+                                                 scale=self.scale, enable_gqa=True)  # (num_seqs, heads, max_q, d)
+        else:
+            query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=q.device)
+            mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
+            out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale,
+                                                 enable_gqa=True)
         return out.transpose(1, 2)[seq_of_token, row].to(q.dtype)

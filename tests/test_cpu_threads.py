@@ -1,5 +1,6 @@
-"""CPU thread settings: `LLM(cpu_threads=N)` sets torch's intra-op threads when the engine starts; the default
-follows OMP_NUM_THREADS or the usable cores, shared among TP ranks and capped at hidden_size // 256."""
+"""CPU engine settings: `LLM(cpu_threads=N)` sets torch's intra-op threads when the engine starts; the default
+follows OMP_NUM_THREADS or the usable cores, shared among TP ranks and capped at hidden_size // 256. CPU TP
+ranks fork from a forkserver that has the imports done; CUDA ranks keep spawn."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def test_auto_threads_follow_cores_ranks_and_model_size(monkeypatch):
     assert auto_cpu_threads(hidden_size=4096, tp=1) == 2
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert auto_cpu_threads(hidden_size=1 << 20, tp=1) == len(os.sched_getaffinity(0))  # the usable cores
+
+
+def test_cpu_tp_ranks_start_from_a_forkserver_cuda_ranks_are_spawned():
+    import multiprocessing as mp
+    import types
+
+    from nanovllm_ref.engine.workers import worker_context
+
+    cfg = types.SimpleNamespace()
+    expected = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    assert worker_context(types.SimpleNamespace(device="cpu"), cfg).get_start_method() == expected
+    assert worker_context(types.SimpleNamespace(device="cuda"), cfg).get_start_method() == "spawn"

@@ -55,7 +55,7 @@ class SdpaBackend(AttentionBackend):
         k, v = gather_keys(k_cache, slots).float(), gather_keys(v_cache, slots).float()  # (seqs, kv_heads, ctx, d)
         key_pos = torch.arange(slots.shape[1], device=q.device)
         if q.shape[0] == num_seqs and meta.decode_only:  # a KV head's query group shares its row block
-            queries = q.float().view(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
+            queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
             mask = (key_pos < meta.seq_lens[:, None])[:, None, None, :]  # (num_seqs, 1, 1, ctx)
             out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=self.scale)
             return out.reshape(q.shape).to(q.dtype)

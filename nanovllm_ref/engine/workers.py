@@ -37,11 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_context(hf_config: Any) -> Any:
-    """forkserver where the OS has it (spawn elsewhere): its server imports torch, this package and transformers'
-    model configs once per process tree, so a rank starts in ~0.1 s instead of re-importing them (5-15 s on a busy
-    CPU; the conformance suite starts a dozen ranks). The server never touches CUDA, so forked ranks may."""
-    if "forkserver" not in mp.get_all_start_methods():
+def worker_context(spec: RunnerSpec, hf_config: Any) -> Any:
+    """CPU ranks: forkserver where the OS has it, whose server imports torch, this package and transformers' model
+    configs once per process tree, so a rank starts in ~0.1 s instead of re-importing them (5-15 s on a busy CPU;
+    the conformance suite starts a dozen ranks). Ranks inherit the server's environment (from the first TP engine).
+    CUDA ranks (and other OSes): spawn, each rank a fresh interpreter with the current environment."""
+    if spec.device != "cpu" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     types = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
@@ -93,7 +94,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
 class TPExecutor:
     def __init__(self, spec: RunnerSpec, hf_config: Any, tp: int) -> None:
         check_tp_size(hf_config, tp, spec.device)
-        ctx = worker_context(hf_config)
+        ctx = worker_context(spec, hf_config)
         port = free_port()
         self.conns: list[Connection] = []
         self.procs = []

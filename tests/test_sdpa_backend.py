@@ -83,3 +83,19 @@ def test_sdpa_engine_matches_torch_backend():
         for a, b in zip(out, ref):
             for da, db in zip(a.logprobs, b.logprobs):
                 assert max(abs(da[t] - db[t]) for t in db) < 1e-4
+
+
+def test_sdpa_plans_once_per_step_for_all_layers(monkeypatch):
+    import nanovllm_ref.attention.sdpa_backend as sb
+
+    calls = []
+    orig = sb.make_plan
+    monkeypatch.setattr(sb, "make_plan", lambda *a: calls.append(a) or orig(*a))
+    llm = LLM(str(checkpoint_path(QWEN3)), dtype="float32", attention_backend="sdpa")
+    layers = llm.engine.hf_config.num_hidden_layers
+    assert layers > 1
+    runner, forwards = llm.engine.runner, []
+    compute = runner.compute_hidden
+    runner.compute_hidden = lambda *a, **k: forwards.append(1) or compute(*a, **k)
+    llm.generate([[5, 6, 7], [8] * 9], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(forwards) >= 3 and len(calls) == len(forwards)  # one plan per step, whatever the number of layers

@@ -17,6 +17,8 @@ checks it against `prefill_attention_reference` on random paged batches).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +44,32 @@ def context_slots(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size
     return torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])
 
 
+@dataclass
+class Plan:
+    """What every layer of one step shares: where the keys are, where each query goes, which mask."""
+
+    slots: torch.Tensor  # (num_seqs, max_context) int64
+    mask: torch.Tensor | None  # bool, broadcast to (num_seqs, heads, queries, max_context); None: causal
+    seq_of_token: torch.Tensor | None = None  # (num_tokens,): prefill only, a query's sequence...
+    row: torch.Tensor | None = None  # ...and its row in the padded queries
+
+
+def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int) -> Plan:
+    num_seqs, device = meta.seq_lens.shape[0], meta.seq_lens.device
+    slots = context_slots(meta.block_tables, meta.seq_lens, block_size)
+    key_pos = torch.arange(slots.shape[1], device=device)
+    if num_tokens == num_seqs and meta.decode_only:
+        return Plan(slots, (key_pos < meta.seq_lens[:, None])[:, None, None, :])  # (num_seqs, 1, 1, ctx)
+    q_lens = meta.query_start_loc.diff()  # (num_seqs,)
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=num_tokens)
+    row = torch.arange(num_tokens, device=device) - meta.query_start_loc[seq_of_token]
+    if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: the plain causal mask is exact for real rows
+        return Plan(slots, None, seq_of_token, row)
+    query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=device)
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
+    return Plan(slots, mask, seq_of_token, row)
+
+
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
@@ -49,29 +77,23 @@ class SdpaBackend(AttentionBackend):
         store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        num_seqs = meta.seq_lens.shape[0]
-        slots = context_slots(meta.block_tables, meta.seq_lens, k_cache.shape[1])  # (num_seqs, max_context)
+        plan = meta.derived.get("sdpa")
+        if plan is None:
+            plan = meta.derived["sdpa"] = make_plan(meta, q.shape[0], k_cache.shape[1])
+        num_seqs = plan.slots.shape[0]
         # in float32 like the reference (a no-op for float32 caches): bf16 scores would drift from it
-        k, v = gather_keys(k_cache, slots).float(), gather_keys(v_cache, slots).float()  # (seqs, kv_heads, ctx, d)
-        key_pos = torch.arange(slots.shape[1], device=q.device)
-        if q.shape[0] == num_seqs and meta.decode_only:  # a KV head's query group shares its row block
+        k, v = gather_keys(k_cache, plan.slots).float(), gather_keys(v_cache, plan.slots).float()  # (s, kvh, ctx, d)
+        if plan.seq_of_token is None:  # decode: a KV head's query group shares its row block
             queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
-            mask = (key_pos < meta.seq_lens[:, None])[:, None, None, :]  # (num_seqs, 1, 1, ctx)
-            out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(queries, k, v, attn_mask=plan.mask, scale=self.scale)
             return out.reshape(q.shape).to(q.dtype)
-        q_lens = meta.query_start_loc.diff()  # (num_seqs,)
-        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens,
-                                               output_size=q.shape[0])
-        row = torch.arange(q.shape[0], device=q.device) - meta.query_start_loc[seq_of_token]
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
-        padded[seq_of_token, row] = q.float()
-        if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: the plain causal mask is exact for real rows
-            n = meta.max_query_len  # (and lets the kernel skip the key tiles above the diagonal)
+        padded[plan.seq_of_token, plan.row] = q.float()
+        if plan.mask is None:  # fresh prompts: SDPA's causal mask skips the key tiles above the diagonal
+            n = meta.max_query_len
             out = F.scaled_dot_product_attention(padded.transpose(1, 2), k[:, :, :n], v[:, :, :n], is_causal=True,
                                                  scale=self.scale, enable_gqa=True)  # (num_seqs, heads, max_q, d)
         else:
-            query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=q.device)
-            mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
-            out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale,
+            out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,
                                                  enable_gqa=True)
-        return out.transpose(1, 2)[seq_of_token, row].to(q.dtype)
+        return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)

@@ -29,12 +29,17 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table. nanovllm_ref's
-    run is spread over pytest-xdist workers, one model per worker at a time (`-- -n 0` runs it serially)."""
+    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table. With 4+ usable
+    cores nanovllm_ref's run is spread over pytest-xdist workers (one per 2 cores, at most 4; one model's tests per
+    worker); on 2 cores it runs serially: a worker's start-up (~14 s of CPU) costs more there than it saves, and on
+    a busy 2-core machine `-n 2` was 1.7x slower (perf/RESULTS.md). `-- -n 0` forces a serial run."""
+    import os
+
     _install(session)
     session.run("python", "-m", "golden.verify")
     other_engine = any(a.startswith("--engine") for a in session.posargs)  # e.g. one GPU engine: no parallel copies
-    xdist = [] if other_engine else ["-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup"]
+    workers = min(4, len(os.sched_getaffinity(0)) // 2) if hasattr(os, "sched_getaffinity") else 1
+    xdist = ["-n", str(workers), "--dist", "loadgroup"] if workers >= 2 and not other_engine else []
     session.run("pytest", "conformance", "-q", *xdist, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 

@@ -22,16 +22,26 @@ def tests(session: nox.Session) -> None:
     """Everything CI runs: unit, property, kernel (Triton interpreter), conformance and perf smoke tests."""
     _install(session)
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "tests", "conformance", "perf", "-q", "-p", "no:cacheprovider", *session.posargs,
-                env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1"})
+    # the full CPU engine benchmark (perf/test_cpu.py, marker cpu_bench) is deselected: its gate is a speed ratio,
+    # which a shared CI machine cannot promise; its smoke variant runs
+    session.run("pytest", "tests", "conformance", "perf", "-q", "-p", "no:cacheprovider", "-m", "not cpu_bench",
+                *session.posargs, env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1"})
 
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table."""
+    """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table. With 4+ usable
+    cores nanovllm_ref's run is spread over pytest-xdist workers (one per 2 cores, at most 4; one model's tests per
+    worker); on 2 cores it runs serially: a worker's start-up (~14 s of CPU) costs more there than it saves, and on
+    a busy 2-core machine `-n 2` was 1.7x slower (perf/RESULTS.md). `-- -n 0` forces a serial run."""
+    import os
+
     _install(session)
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "conformance", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    other_engine = any(a.startswith("--engine") for a in session.posargs)  # e.g. one GPU engine: no parallel copies
+    workers = min(4, len(os.sched_getaffinity(0)) // 2) if hasattr(os, "sched_getaffinity") else 1
+    xdist = ["-n", str(workers), "--dist", "loadgroup"] if workers >= 2 and not other_engine else []
+    session.run("pytest", "conformance", "-q", *xdist, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(name="conformance-thorough")

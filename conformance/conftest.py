@@ -40,6 +40,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     deselect_invariance_cases(config, items)
 
+    if config.pluginmanager.hasplugin("xdist"):  # `-n N --dist loadgroup`: a model's tests share one worker's engines
+        for item in items:
+            spec = getattr(item, "callspec", None) and item.callspec.params.get("model_spec")
+            if spec is not None:
+                item.add_marker(pytest.mark.xdist_group(spec.name))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -44,6 +44,9 @@ class Config:
     attention_backend: str = "auto"
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights, for benchmarks (the folder needs only config.json)
+    # torch intra-op threads of a CPU engine (process-wide, set per rank); None: OMP_NUM_THREADS or the usable
+    # cores, divided among TP ranks, and at most hidden_size // 256 (tiny models lose time to idle-spinning threads)
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -73,6 +76,7 @@ class Config:
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
         _check_int("seed", self.seed, 0)
+        _check_int("cpu_threads", self.cpu_threads, 1, none_ok=True)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
 

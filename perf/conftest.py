@@ -38,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--arch", dict(default="qwen3-0.6b", help="model architecture of the perf benchmarks (perf/models.py)")),
         ("--model", dict(default=None, help="a real checkpoint folder for the perf benchmarks (overrides --arch)")),
         ("--perf-smoke", dict(action="store_true", help="also run the CPU smoke variants when a GPU is present")),
+        ("--cpu-min-speedup", dict(type=float, default=1.5,
+                                   help="cpu_bench gate: nanovllm_ref's least median speed-up over transformers")),
     ):
         try:
             group.addoption(name, **kwargs)
@@ -49,6 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "smoke: CPU-sized variant of a benchmark (runs where there is no GPU)")
+    config.addinivalue_line("markers", "cpu_bench: the full CPU engine benchmark vs its peers (CI deselects it)")
     if not has_cuda():
         # CPU smoke: one intra-op thread (tiny tensors; with more threads than idle cores, torch spins and
         # a step gets ~10x slower)

@@ -97,7 +97,7 @@ def test_flash_attn_is_chosen_only_when_it_imports_and_fits(monkeypatch):
     monkeypatch.setattr("nanovllm_ref.attention.flash_attn_backend.flash_attn_available", lambda: True)
     assert resolve_backend_name("auto", "cuda", 256) == "flash-attn"
     assert resolve_backend_name("auto", "cuda", 16) == "triton"  # FA2's pages are multiples of 256 tokens
-    assert resolve_backend_name("auto", "cpu", 256) == "torch"
+    assert resolve_backend_name("auto", "cpu", 256) == "sdpa"
     assert get_backend_class("flash-attn") is FlashAttnBackend
     monkeypatch.setattr("nanovllm_ref.attention.flash_attn_backend.flash_attn_available", lambda: False)
     assert resolve_backend_name("auto", "cuda", 256) == "triton"

@@ -53,6 +53,7 @@ def kernels(name: str) -> tuple[str, ...]:
 
 GOLDEN = "conformance/test_golden.py::test_golden"
 KERNEL_ATTN = "tests/kernels/test_kernel_attention.py::test_prefill_attention"
+SDPA_ORACLE = "tests/test_sdpa_backend.py"  # the sdpa backend (the CPU default) against the torch reference
 RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
 ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
 BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/properties/test_scheduler_props.py"
@@ -98,7 +99,21 @@ MUTANTS: tuple[Mutant, ...] = (
     M("attention-causal-reference", "nanovllm_ref/kernels/prefill_attention.py",
       "q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)",
       "q_pos = torch.arange(seq_len - q_len + 1, seq_len + 1, device=q.device)",
-      "reference attention: query positions off by one (a token sees the next one)", (GOLDEN,)),
+      "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,)),
+    M("sdpa-causal", "nanovllm_ref/attention/sdpa_backend.py",
+      "(key_pos[None, None, :] <= query_pos[:, :, None])", "(key_pos[None, None, :] <= query_pos[:, :, None] + 1)",
+      "sdpa backend (the CPU default): a query after a cached prefix sees the next token", (SDPA_ORACLE,)),
+    M("sdpa-fresh-not-causal", "nanovllm_ref/attention/sdpa_backend.py", "v[:, :, :n], is_causal=True,",
+      "v[:, :, :n], is_causal=False,", "sdpa backend: a batch of fresh prompts attends without the causal mask",
+      (GOLDEN,)),
+    M("sdpa-gqa-tiled", "nanovllm_ref/attention/sdpa_backend.py",
+      "queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)",
+      "queries = q.float().reshape(num_seqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)",
+      "sdpa backend decode: query heads tiled over the KV heads instead of grouped", (GOLDEN,)),
+    M("sdpa-reads-past-context", "nanovllm_ref/attention/sdpa_backend.py",
+      "torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])", "slots",
+      "sdpa backend: masked keys past the context read the cache there (a freed block's NaN poisons the sum)",
+      (SDPA_ORACLE,)),
     M("prefix-hash-unchained", "nanovllm_ref/engine/block_manager.py",
       "parent = seq.block_hashes[-1] if seq.block_hashes else 0", "parent = 0",
       "prefix cache: a full block's hash ignores its parent block", (BLOCKS,)),

@@ -10,16 +10,17 @@ from .torch_backend import TorchBackend
 
 BACKENDS: dict[str, str] = {
     "torch": "nanovllm_ref.attention.torch_backend:TorchBackend",
+    "sdpa": "nanovllm_ref.attention.sdpa_backend:SdpaBackend",
     "triton": "nanovllm_ref.attention.triton_backend:TritonBackend",
     "flash-attn": "nanovllm_ref.attention.flash_attn_backend:FlashAttnBackend",
 }
 
 
 def resolve_backend_name(name: str, device: str, block_size: int = 16) -> str:
-    """"auto": torch on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton."""
+    """"auto": sdpa on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton."""
     if name == "auto":
         if device == "cpu":
-            return "torch"
+            return "sdpa"
         from .flash_attn_backend import PAGE_MULTIPLE, flash_attn_available
 
         return "flash-attn" if flash_attn_available() and block_size % PAGE_MULTIPLE == 0 else "triton"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,6 +24,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int32
     max_query_len: int
     max_seq_len: int
+    # tensors a backend derives from the fields above, computed by the first layer and reused by the others
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def decode_only(self) -> bool:

@@ -98,6 +98,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
         max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
         kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=config.enforce_eager, load_format=config.load_format,
+        cpu_threads=config.cpu_threads or auto_cpu_threads(hf_config.hidden_size, config.tensor_parallel_size),
     )
 
 
@@ -117,6 +118,13 @@ def check_param_ranges(params: SamplingParams, vocab_size: int) -> None:
         bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
         if bad is not None:
             raise ValueError(f"{name} has token id {bad!r}, outside the vocabulary [0, {vocab_size})")
+
+
+def auto_cpu_threads(hidden_size: int, tp: int) -> int:
+    """OMP_NUM_THREADS or the usable cores, shared by the TP ranks, and no more than hidden_size // 256."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or usable
+    return max(1, min(cores // tp, hidden_size // 256))
 
 
 class LLMEngine:

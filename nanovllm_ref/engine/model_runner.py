@@ -58,12 +58,15 @@ class RunnerSpec:
     gpu_memory_utilization: float
     enforce_eager: bool
     load_format: str = "auto"
+    cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
 
 
 class ModelRunner:
     def __init__(self, spec: RunnerSpec, hf_config: Any) -> None:
         self.spec, self.hf_config = spec, hf_config
         self.device = torch.device(spec.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(spec.cpu_threads)
         backend_cls = get_backend_class(spec.backend)
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         backend_cls.check_supported(spec.device, spec.block_size, head_dim)

@@ -91,6 +91,21 @@ def record_report(config: pytest.Config, report: Any) -> None:
     config.stash[REPORTS].append(report)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its reports to the controller, which prints the one summary and report."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["conformance_reports"] = [r.to_dict() for r in session.config.stash.get(REPORTS, [])]
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, called on the controller as each worker finishes
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    from .report import ConformanceReport
+
+    for d in getattr(node, "workeroutput", {}).get("conformance_reports", []):
+        node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     reports = config.stash.get(REPORTS, [])
     if not reports:

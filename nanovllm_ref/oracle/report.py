@@ -71,6 +71,11 @@ class ConformanceReport:
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts]}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConformanceReport:
+        """The inverse of :meth:`to_dict` (how pytest-xdist workers hand their reports to the controller)."""
+        return cls([PromptReport(**p) for p in d["prompts"]], d.get("meta", {}))
+
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 

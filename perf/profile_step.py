@@ -1,0 +1,270 @@
+"""Step-time breakdown of nanovllm_ref: device time per kernel class, gaps, and host time not hidden.
+
+Runs a workload (default: the headline) through the step API twice. Pass 1 times, without the profiler, the
+first steps (pure and mixed prefill) one by one and a window of steady decode steps at full batch (wall time
+between device synchronizes, divided by the steps). Pass 2 replays the same steps under the torch profiler
+(CUPTI: every kernel, also inside CUDA-graph replays) and splits each step's period on the device into:
+- device time of each kernel class (attention, GEMMs, norms, RoPE, KV store, activation, LM head, sampler,
+  all-reduce, copies, other), from kernel names; the LM head and the sampler from the host range their launch
+  was made in (`record_function` around `compute_logits` / `sample`);
+- gaps between the step's kernels (idle inside its span: launch gaps, the host catching up mid-step);
+- idle between steps: the device waiting for the host (host time not hidden behind the device).
+The parts add up to the profiled period exactly; the report shows it against the unprofiled step, and each
+part's lower bound from the measured ceilings (bytes / copy bandwidth in decode, FLOPs / matmul rate in prefill).
+Kernels are attributed to the step whose host call launched them (async scheduling launches step t+1 during
+call t). References: torch.profiler / Kineto trace format; vLLM's `benchmarks/` profiling; nsys's method.
+
+    python3 -m perf.profile_step --arch qwen3-0.6b --temperature 0 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from . import workloads
+from .device import has_cuda, measure_ceilings, sync
+from .engine_runner import build_llm, params_for, reset_prefix_cache, warmup
+from .models import ModelShape, model_folder, read_config
+from .roofline import causal_pairs
+
+# (class, substrings of the kernel name), first match wins; GEMMs are cuBLAS / CUTLASS names
+KERNEL_CLASSES = [
+    ("attention", ("_decode_split", "_decode_reduce", "_prefill_kernel", "flash", "fmha", "attention")),
+    ("qk-norm+rope+kv", ("_qk_norm_rope",)),
+    ("kv store", ("_store_kv",)),
+    ("norms", ("_rms_norm",)),
+    ("rope", ("_rotary",)),
+    ("activation", ("_silu",)),
+    ("moe", ("_moe",)),
+    ("all-reduce", ("nccl",)),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "splitkreduce")),
+]
+RANGE_CLASSES = ("lm_head", "sampler")  # by the host range of the launch (their kernels are GEMMs / Triton)
+STEP_PREFIX = "nvr_step#"
+
+
+def classify(name: str, ranges: list[str]) -> str:
+    for r in reversed(ranges):  # the innermost named range wins
+        if r in RANGE_CLASSES:
+            return r
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k.lower() in low for k in keys):
+            return cls
+    return "other"
+
+
+def _instrument(llm: Any) -> None:
+    """Named host ranges around the LM head and the sampler (instance / module attributes, nothing else)."""
+    from nanovllm_ref.engine import model_runner
+
+    runner = llm.engine.runner
+    model, original_logits = runner.model, runner.model.compute_logits
+
+    def compute_logits(hidden: torch.Tensor) -> Any:
+        with torch.profiler.record_function("lm_head"):
+            return original_logits(hidden)
+
+    model.compute_logits = compute_logits
+    if not hasattr(model_runner, "_unwrapped_sample"):
+        model_runner._unwrapped_sample = model_runner.sample
+
+        def sample(*args: Any, **kwargs: Any) -> torch.Tensor:
+            with torch.profiler.record_function("sampler"):
+                return model_runner._unwrapped_sample(*args, **kwargs)
+
+        model_runner.sample = sample
+
+
+def _record_schedules(llm: Any) -> list[dict[str, int]]:
+    """Wrap the scheduler (instance attribute) to log each general step: tokens, sequences, attention pairs."""
+    scheduler, log = llm.engine.scheduler, []
+    original = type(scheduler).schedule
+
+    def schedule() -> Any:
+        out = original(scheduler)
+        pairs = sum(causal_pairs(n, seq.num_computed_tokens + n) for seq, n in out.scheduled)
+        log.append({"tokens": out.num_batched_tokens, "seqs": len(out.scheduled), "pairs": pairs})
+        return out
+
+    scheduler.schedule = schedule
+    return log
+
+
+def _step_info(llm: Any) -> dict[str, int]:
+    """What is running now: sequences, waiting ones, total context (for the decode bounds)."""
+    running = llm.engine.scheduler.running
+    return {"running": len(running), "waiting": len(llm.engine.scheduler.waiting),
+            "context": sum(s.num_tokens for s in running)}
+
+
+def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int, profile: bool) -> dict[str, Any]:
+    """Add the workload, step `first` steps (each timed), `skip` more, then `window` decode steps (timed as one)."""
+    reset_prefix_cache(llm)
+    engine, dev = llm.engine, llm.engine.spec.device
+    ids = [engine.add_request(p, sp) for p, sp in zip(w.prompts, params_for(w))]
+    log = _record_schedules(llm)
+    prof = None
+    if profile:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        prof = torch.profiler.profile(activities=acts)
+        prof.__enter__()
+    steps = []
+    for i in range(first + skip + window):
+        info = _step_info(llm)
+        sync(dev)
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(f"{STEP_PREFIX}{i}"):
+            engine.step()
+        if i < first:
+            sync(dev)
+            info.update(log[-1])  # the prefill steps are general steps (no async launch)
+        steps.append({"index": i, "wall_ms": 1e3 * (time.perf_counter() - t0), **info})
+        if i == first + skip - 1:  # the decode window is timed as a whole: no syncs inside it
+            sync(dev)
+            t_window = time.perf_counter()
+    sync(dev)
+    window_ms = 1e3 * (time.perf_counter() - t_window) / window
+    for rid in ids:
+        engine.abort_request(rid)
+    sync(dev)
+    engine.scheduler.__dict__.pop("schedule", None)
+    trace = None
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                trace = json.load(f)
+    return {"steps": steps, "window_ms": window_ms, "trace": trace}
+
+
+def kernels_by_step(trace: dict[str, Any]) -> dict[int, list[tuple[float, float, str]]]:
+    """step index -> [(start us, end us, class)] of the device work its host call launched."""
+    events = trace["traceEvents"]
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("tid")) for e in events
+                    if e.get("cat") == "user_annotation" and e.get("ph") == "X")
+    launch_ts = {e["args"]["correlation"]: (e["ts"], e.get("tid")) for e in events
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    out: dict[int, list[tuple[float, float, str]]] = collections.defaultdict(list)
+    for e in events:
+        cat = e.get("cat")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("ph") != "X":
+            continue
+        ts, tid = launch_ts.get(e.get("args", {}).get("correlation"), (None, None))
+        if ts is None:
+            continue
+        names = [n for a, b, n, t in ranges if a <= ts <= b and t == tid]
+        step = next((int(n[len(STEP_PREFIX):]) for n in names if n.startswith(STEP_PREFIX)), None)
+        if step is None:
+            continue
+        cls = "copies" if cat != "kernel" else classify(e["name"], names)
+        out[step].append((e["ts"], e["ts"] + e["dur"], cls))
+    return out
+
+
+def breakdown(kernels: dict[int, list], steps: list[int]) -> dict[str, float]:
+    """Mean us per step of each class, of the gaps inside the steps and of the idle between them, over `steps`
+    (each needs the next step's kernels: its period ends where the next step's device work begins)."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    used = 0
+    for i in steps:
+        ks, nxt = sorted(kernels.get(i, [])), kernels.get(i + 1)
+        if not ks or not nxt:
+            continue
+        used += 1
+        end = ks[0][0]
+        for a, b, cls in ks:  # one stream: overlaps are rare; count each instant once
+            a = max(a, end)
+            totals["gaps inside the step"] += max(0.0, a - end)
+            totals[cls] += max(0.0, b - a)
+            end = max(end, b)
+        totals["idle between steps (host)"] += max(0.0, min(k[0] for k in nxt) - end)
+        totals["period"] += min(k[0] for k in nxt) - ks[0][0]
+    return {k: v / max(used, 1) for k, v in totals.items()} | {"steps": used}
+
+
+def decode_bounds(shape: ModelShape, batch: int, context: int, copy_gbps: float) -> dict[str, float]:
+    """Lower bounds (us) of a decode step's parts at the copy bandwidth: weights and the KV cache read once."""
+    bw = copy_gbps * 1e3  # bytes per us
+    lm = shape.vocab_size * shape.hidden_size * 2
+    return {"gemm": shape.num_layers * shape.layer_linear_params * 2 / bw, "lm_head": lm / bw,
+            "attention": context * shape.kv_bytes_per_token() / bw,
+            "kv store": batch * shape.kv_bytes_per_token() / bw}
+
+
+def prefill_bounds(shape: ModelShape, tokens: int, pairs: int, tflops: float) -> dict[str, float]:
+    rate = tflops * 1e6  # FLOPs per us
+    return {"gemm": tokens * shape.linear_flops_per_token() / rate, "attention": shape.attention_flops(pairs) / rate}
+
+
+def print_table(title: str, parts: dict[str, float], measured_ms: float, bounds: dict[str, float]) -> None:
+    period = parts.get("period", 0.0)
+    print(f"\n{title}: profiled period {period:.0f} us over {parts.get('steps', 0)} steps; unprofiled "
+          f"{1e3 * measured_ms:.0f} us (parts / unprofiled = {period / max(1e3 * measured_ms, 1e-9):.3f})")
+    print("| part | us / step | share | lower bound us | bound / part |\n| --- | --- | --- | --- | --- |")
+    for name, us in sorted(((k, v) for k, v in parts.items() if k not in ("period", "steps")), key=lambda kv: -kv[1]):
+        b = bounds.get(name)
+        ratio = f"{b / us:.0%}" if b and us else ""
+        print(f"| {name} | {us:.1f} | {us / max(period, 1e-9):.1%} | {f'{b:.1f}' if b else ''} | {ratio} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="qwen3-0.6b")
+    p.add_argument("--workload", default="headline")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--prefill-steps", type=int, default=3, help="first steps, profiled one by one")
+    p.add_argument("--skip", type=int, default=20, help="steps between those and the decode window")
+    p.add_argument("--window", type=int, default=30, help="steady decode steps timed and profiled")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if not has_cuda():
+        raise SystemExit("profile_step needs a CUDA GPU (it reads CUPTI kernel timings)")
+    w = workloads.get(args.workload)
+    if args.temperature is not None:
+        w = w.with_temperature(args.temperature)
+    shape = ModelShape.from_config(read_config(model_folder(args.arch)))
+    ceilings = measure_ceilings("cuda")
+    llm = build_llm(args.arch, enforce_eager=args.enforce_eager)
+    warmup(llm)
+    _instrument(llm)
+    plain = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=False)
+    prof = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=True)
+    kernels = kernels_by_step(prof.pop("trace"))
+    report: dict[str, Any] = {"arch": args.arch, "workload": w.name, "temperature": w.temperature,
+                              "ceilings": ceilings.as_dict(), "plain": plain, "profiled_steps": prof["steps"]}
+    for i in range(args.prefill_steps):
+        info = plain["steps"][i]
+        parts = breakdown(kernels, [i])
+        bounds = prefill_bounds(shape, info["tokens"], info["pairs"], ceilings.matmul_tflops)
+        print_table(f"step {i} ({info['tokens']} tokens of {info['seqs']} sequences)", parts, info["wall_ms"], bounds)
+        report[f"prefill_step_{i}"] = {"parts": parts, "bounds": bounds, "wall_ms": info["wall_ms"]}
+    first = args.prefill_steps + args.skip
+    window = list(range(first, first + args.window - 1))
+    info = prof["steps"][first]
+    parts = breakdown(kernels, window)
+    bounds = decode_bounds(shape, info["running"], info["context"], ceilings.copy_gbps)
+    print_table(f"steady decode ({info['running']} running, context {info['context']} tokens in all)", parts,
+                plain["window_ms"], bounds)
+    report["decode"] = {"parts": parts, "bounds": bounds, "window_ms": plain["window_ms"],
+                        "profiled_window_ms": prof["window_ms"], "info": info}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    llm.engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,15 +25,16 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import workloads
 from .device import has_cuda, measure_ceilings, sync
-from .engine_runner import build_llm, params_for, reset_prefix_cache, warmup
+from .engine_runner import build_llm, params_for, reset_prefix_cache, run_throughput, warmup
 from .models import ModelShape, model_folder, read_config
-from .roofline import causal_pairs
+from .roofline import causal_pairs, roofline
 
 # (class, substrings of the kernel name), first match wins; GEMMs are cuBLAS / CUTLASS names
 KERNEL_CLASSES = [
@@ -62,8 +63,9 @@ def classify(name: str, ranges: list[str]) -> str:
     return "other"
 
 
-def _instrument(llm: Any) -> None:
-    """Named host ranges around the LM head and the sampler (instance / module attributes, nothing else)."""
+def _instrument(llm: Any) -> Callable[[], None]:
+    """Named host ranges around the LM head and the sampler (instance / module attributes, nothing else);
+    returns the function that takes them away again."""
     from nanovllm_ref.engine import model_runner
 
     runner = llm.engine.runner
@@ -82,6 +84,12 @@ def _instrument(llm: Any) -> None:
                 return model_runner._unwrapped_sample(*args, **kwargs)
 
         model_runner.sample = sample
+
+    def restore() -> None:
+        model.__dict__.pop("compute_logits", None)
+        model_runner.sample = model_runner.__dict__.pop("_unwrapped_sample", model_runner.sample)
+
+    return restore
 
 
 def _record_schedules(llm: Any) -> list[dict[str, int]]:
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=20, help="steps between those and the decode window")
     p.add_argument("--window", type=int, default=30, help="steady decode steps timed and profiled")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--throughput", default="", help="also time the whole workload at these temperatures, e.g. 0,0.6")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not has_cuda():
@@ -238,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings("cuda")
     llm = build_llm(args.arch, enforce_eager=args.enforce_eager)
     warmup(llm)
-    _instrument(llm)
+    restore = _instrument(llm)
     plain = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=False)
     prof = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=True)
     kernels = kernels_by_step(prof.pop("trace"))
@@ -259,11 +268,27 @@ def main(argv: list[str] | None = None) -> int:
                 plain["window_ms"], bounds)
     report["decode"] = {"parts": parts, "bounds": bounds, "window_ms": plain["window_ms"],
                         "profiled_window_ms": prof["window_ms"], "info": info}
+    restore()
+    report["throughput"] = [_throughput(llm, w.with_temperature(float(t)), shape, ceilings)
+                            for t in args.throughput.split(",") if t]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     llm.engine.shutdown()
     return 0
+
+
+def _throughput(llm: Any, w: workloads.Workload, shape: ModelShape, ceilings: Any) -> dict[str, Any]:
+    """The whole workload through `generate`, timed as perf.bench_engine does (same engine, after the passes)."""
+    r = run_throughput(llm, w)
+    roof = roofline(shape, [len(p) for p in w.prompts], w.output_lens, ceilings, 1, 2,
+                    cached_prompt_tokens=r.cached_prompt_tokens)
+    out = {**r.as_dict(), "temperature": w.temperature, "roofline_s": roof.seconds,
+           "roofline_fraction": roof.seconds / r.wall_s}
+    print(f"\n{w.name} t={w.temperature}: {r.output_tok_s:,.0f} output tok/s ({r.wall_s:.2f} s, {r.steps} steps, "
+          f"{1e3 * r.wall_s / r.steps:.2f} ms/step), {out['roofline_fraction']:.1%} of the roofline "
+          f"({roof.seconds:.2f} s at copy {ceilings.copy_gbps:,.0f} GB/s)", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ def _trace() -> dict:
         ev.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "tid": 1})
 
     def launch(corr, ts, cat="cuda_runtime"):
-        ev.append({"ph": "X", "cat": cat, "name": "launch", "ts": ts, "dur": 1, "tid": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": cat, "name": "launch", "ts": ts, "dur": 1, "tid": 1,
+                   "args": {"correlation": corr}})
 
     def kernel(corr, name, ts, dur, cat="kernel"):
         ev.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": 7, "args": {"correlation": corr}})

@@ -20,6 +20,7 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    fused_store_ok = True
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:

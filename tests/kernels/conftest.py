@@ -29,7 +29,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         importlib.reload(triton.language.standard)
         importlib.reload(triton.language)
     for name in ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "rotary",
-                 "activation", "fused_moe"):
+                 "activation", "fused_moe", "qkv_epilogue"):
         module = sys.modules.get(f"nanovllm_ref.kernels.{name}")
         if module is not None:
             importlib.reload(module)

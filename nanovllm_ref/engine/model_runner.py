@@ -169,7 +169,10 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
+        # staged in pinned memory: a copy from pageable memory may wait for the stream to drain (the driver
+        # stages it), which would stall the host behind the forward it just queued and idle the GPU after it
+        pinned = self.device.type == "cuda"
+        return torch.tensor(data, dtype=dtype, device="cpu", pin_memory=pinned).to(self.device, non_blocking=True)
 
     def metadata(self, step: StepInput) -> AttentionMetadata:
         width = max(len(t) for t in step.block_tables)

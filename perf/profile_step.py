@@ -156,14 +156,14 @@ def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int
     return {"steps": steps, "window_ms": window_ms, "trace": trace}
 
 
-def kernels_by_step(trace: dict[str, Any]) -> dict[int, list[tuple[float, float, str]]]:
-    """step index -> [(start us, end us, class)] of the device work its host call launched."""
+def kernels_by_step(trace: dict[str, Any]) -> dict[int, list[tuple[float, float, str, str]]]:
+    """step index -> [(start us, end us, class, kernel name)] of the device work its host call launched."""
     events = trace["traceEvents"]
     ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("tid")) for e in events
                     if e.get("cat") == "user_annotation" and e.get("ph") == "X")
     launch_ts = {e["args"]["correlation"]: (e["ts"], e.get("tid")) for e in events
                  if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    out: dict[int, list[tuple[float, float, str]]] = collections.defaultdict(list)
+    out: dict[int, list[tuple[float, float, str, str]]] = collections.defaultdict(list)
     for e in events:
         cat = e.get("cat")
         if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("ph") != "X":
@@ -176,7 +176,7 @@ def kernels_by_step(trace: dict[str, Any]) -> dict[int, list[tuple[float, float,
         if step is None:
             continue
         cls = "copies" if cat != "kernel" else classify(e["name"], names)
-        out[step].append((e["ts"], e["ts"] + e["dur"], cls))
+        out[step].append((e["ts"], e["ts"] + e["dur"], cls, e["name"]))
     return out
 
 
@@ -191,7 +191,7 @@ def breakdown(kernels: dict[int, list], steps: list[int]) -> dict[str, float]:
             continue
         used += 1
         end = ks[0][0]
-        for a, b, cls in ks:  # one stream: overlaps are rare; count each instant once
+        for a, b, cls, _ in ks:  # one stream: overlaps are rare; count each instant once
             a = max(a, end)
             totals["gaps inside the step"] += max(0.0, a - end)
             totals[cls] += max(0.0, b - a)
@@ -199,6 +199,44 @@ def breakdown(kernels: dict[int, list], steps: list[int]) -> dict[str, float]:
         totals["idle between steps (host)"] += max(0.0, min(k[0] for k in nxt) - end)
         totals["period"] += min(k[0] for k in nxt) - ks[0][0]
     return {k: v / max(used, 1) for k, v in totals.items()} | {"steps": used}
+
+
+def top_kernels(kernels: dict[int, list], steps: list[int], k: int = 12) -> list[tuple[str, float, float]]:
+    """The `k` kernels with the most device time: (name, launches per step, us per step)."""
+    count: dict[str, int] = collections.Counter()
+    time_us: dict[str, float] = collections.defaultdict(float)
+    for i in steps:
+        for a, b, _, name in kernels.get(i, []):
+            count[name] += 1
+            time_us[name] += b - a
+    n = max(len(steps), 1)
+    return [(name[:90], count[name] / n, us / n) for name, us in sorted(time_us.items(), key=lambda kv: -kv[1])[:k]]
+
+
+def top_gaps(kernels: dict[int, list], steps: list[int], k: int = 8) -> list[tuple[str, float, float]]:
+    """Where the device idles inside the steps: ("previous -> next kernel", times per step, us per step)."""
+    count: dict[str, int] = collections.Counter()
+    time_us: dict[str, float] = collections.defaultdict(float)
+    for i in steps:
+        ks = sorted(kernels.get(i, []))
+        for (_, end, _, prev), (start, _, _, name) in zip(ks, ks[1:]):
+            if start > end:
+                key = f"{prev[:40]} -> {name[:40]}"
+                count[key] += 1
+                time_us[key] += start - end
+    n = max(len(steps), 1)
+    return [(key, count[key] / n, us / n) for key, us in sorted(time_us.items(), key=lambda kv: -kv[1])[:k]]
+
+
+def print_details(kernels: dict[int, list], steps: list[int]) -> dict[str, list]:
+    details = {"top_kernels": top_kernels(kernels, steps), "top_gaps": top_gaps(kernels, steps)}
+    print("| kernel | launches / step | us / step |\n| --- | --- | --- |")
+    for name, n, us in details["top_kernels"]:
+        print(f"| {name} | {n:.0f} | {us:.1f} |")
+    print("| gap (previous -> next) | times / step | us / step |\n| --- | --- | --- |")
+    for name, n, us in details["top_gaps"]:
+        print(f"| {name} | {n:.1f} | {us:.1f} |")
+    return details
 
 
 def decode_bounds(shape: ModelShape, batch: int, context: int, copy_gbps: float) -> dict[str, float]:
@@ -259,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         bounds = prefill_bounds(shape, info["tokens"], info["pairs"], ceilings.matmul_tflops)
         print_table(f"step {i} ({info['tokens']} tokens of {info['seqs']} sequences)", parts, info["wall_ms"], bounds)
         report[f"prefill_step_{i}"] = {"parts": parts, "bounds": bounds, "wall_ms": info["wall_ms"]}
+        if i == 0:
+            report["prefill_step_0"].update(print_details(kernels, [0]))
     first = args.prefill_steps + args.skip
     window = list(range(first, first + args.window - 1))
     info = prof["steps"][first]
@@ -267,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"steady decode ({info['running']} running, context {info['context']} tokens in all)", parts,
                 plain["window_ms"], bounds)
     report["decode"] = {"parts": parts, "bounds": bounds, "window_ms": plain["window_ms"],
-                        "profiled_window_ms": prof["window_ms"], "info": info}
+                        "profiled_window_ms": prof["window_ms"], "info": info, **print_details(kernels, window)}
     restore()
     report["throughput"] = [_throughput(llm, w.with_temperature(float(t)), shape, ceilings)
                             for t in args.throughput.split(",") if t]

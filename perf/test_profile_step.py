@@ -54,6 +54,7 @@ def test_kernels_by_step_and_breakdown_add_up():
     kernels = ps.kernels_by_step(_trace())
     assert sorted(kernels) == [0, 1]
     assert [k[2] for k in sorted(kernels[0])] == ["norms", "attention", "lm_head"]
+    assert sorted(kernels[0])[2][3] == "nvjet_gemm"
     assert [k[2] for k in sorted(kernels[1])] == ["kv store", "copies"]
     parts = ps.breakdown(kernels, [0, 1])  # step 1 has no successor: only step 0 is counted
     assert parts["steps"] == 1
@@ -63,6 +64,8 @@ def test_kernels_by_step_and_breakdown_add_up():
     assert parts["idle between steps (host)"] == pytest.approx(10.0)
     summed = sum(v for k, v in parts.items() if k not in ("period", "steps"))
     assert summed == pytest.approx(parts["period"])
+    assert ps.top_kernels(kernels, [0, 1])[0] == ("_decode_split_kernel", 0.5, 15.0)
+    assert ps.top_gaps(kernels, [0]) == [("_rms_norm_kernel -> _decode_split_kernel", 1.0, 2.0)]
 
 
 def test_bounds_are_bytes_over_bandwidth():

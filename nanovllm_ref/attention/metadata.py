@@ -23,6 +23,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int32
     max_query_len: int
     max_seq_len: int
+    decode_order: torch.Tensor | None = None  # (num_seqs,) sequences longest context first (decode attention)
 
     @property
     def decode_only(self) -> bool:

@@ -4,7 +4,7 @@ Inputs are drawn fresh (hypothesis): any head count, GQA ratio, head_dim (also n
 slots in any order with padding (-1) rows, with and without the q/k norm. The cache is poisoned with NaN before
 the call: rows the kernel must not write stay NaN, rows it must write are compared. V is copied, so it is
 compared bitwise; q and k go through the norm (float32 reduction order may differ by an ulp before the cast),
-so they are compared with the relative tolerances. bfloat16 only on the GPU (see test_kernel_norm_rotary.py).
+so they are compared with the dtype's relative tolerance. bfloat16 only on the GPU (see test_kernel_norm_rotary.py).
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ def test_qkv_epilogue_matches_reference(tokens, kv_heads, group, head_dim, block
     args = (qkv, positions, cos_sin, qw, kw, 1e-6)
     ref_q = qkv_epilogue_reference(*args, *caches[0], slots, heads, kv_heads)
     q = qkv_epilogue(*args, *caches[1], slots, heads, kv_heads)
-    tol = RELATIVE_TOLERANCE[dtype] / 10
-    assert q.shape == ref_q.shape and q.dtype == dtype and relative_error(q, ref_q) < tol
+    # a 1-ulp difference of the norm's output can grow in RoPE's rounded sums (cancellation): the dtype's tolerance
+    tol = RELATIVE_TOLERANCE[dtype]
+    assert q.shape == ref_q.shape and q.dtype == dtype
+    assert relative_error(q, ref_q) < tol, ("q", relative_error(q, ref_q), (q - ref_q).abs().max().item())
     (ref_k, ref_v), (k, v) = caches
     assert torch.equal(ref_k.isnan(), k.isnan()) and torch.equal(ref_v.isnan(), v.isnan()), "written rows differ"
     written = ~ref_k.isnan()
     assert torch.equal(v[written], ref_v[written]), "V must be a bitwise copy"
     if written.any():
-        assert relative_error(k[written], ref_k[written]) < tol
+        assert relative_error(k[written], ref_k[written]) < tol, ("k", relative_error(k[written], ref_k[written]))

@@ -42,7 +42,9 @@ class DecodeGraphs:
         self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
         # host staging: pinned, filled with numpy, copied with one transfer per buffer. Two sets, used in turn:
         # with async scheduling a step is staged while the previous step's copies may still be queued
-        self.host_tables = [torch.zeros(n, width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        # tables are staged flat at the step's own width, so the copy's source is contiguous pinned memory (a
+        # strided source would go through a pageable temporary, whose copy may wait for the stream to drain)
+        self.host_tables = [torch.zeros(n * width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.host_vectors = [torch.zeros(5, n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.stage = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -89,18 +91,20 @@ class DecodeGraphs:
             self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
         else:
             self.input_ids[:n].copy_(input_ids)
-        tables = host_tables.numpy()
         if step.block_table_array is not None:
             width = step.block_table_array.shape[1]
-            tables[:n, :width] = step.block_table_array
+            staged = host_tables[: n * width].view(n, width)
+            staged.numpy()[:] = step.block_table_array
         else:
             width = max(len(t) for t in step.block_tables)
+            staged = host_tables[: n * width].view(n, width)
+            tables = staged.numpy()
             for i, table in enumerate(step.block_tables):
                 tables[i, : len(table)] = table
         self.positions[:bs].copy_(host_vectors[1, :bs], non_blocking=True)
         self.slot_mapping[:bs].copy_(host_vectors[2, :bs], non_blocking=True)
         self.seq_lens[:bs].copy_(host_vectors[3, :bs], non_blocking=True)
         self.order[:bs].copy_(host_vectors[4, :bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
+        self.block_tables[:n, :width].copy_(staged, non_blocking=True)
         self.graphs[bs].replay()
         return self.hidden[:n]

@@ -50,6 +50,10 @@ KERNEL_CLASSES = [
 ]
 RANGE_CLASSES = ("lm_head", "sampler")  # by the host range of the launch (their kernels are GEMMs / Triton)
 STEP_PREFIX = "nvr_step#"
+PHASE_LABELS = {"launch_decode": "launch_decode (all of the next step's launches)",
+                "compute_hidden": "  of it: compute_hidden (graph inputs + replay)",
+                "compute_logits": "  of it: compute_logits (LM head)", "_sample_on_device": "  of it: sampler",
+                "_apply": "_apply (scheduler.update)"}
 
 
 def classify(name: str, ranges: list[str]) -> str:
@@ -107,6 +111,60 @@ def _record_schedules(llm: Any) -> list[dict[str, int]]:
     return log
 
 
+class HostPhases:
+    """Host time per phase of the engine loop (perf_counter around instance / module attributes): where a step's
+    host time goes, and how long the host waits for the device in `collect` (~0 when the host is the bottleneck)."""
+
+    def __init__(self, llm: Any) -> None:
+        from nanovllm_ref.engine import llm_engine
+
+        self.totals: dict[str, float] = collections.defaultdict(float)
+        self.active = False
+        engine, runner = llm.engine, llm.engine.runner
+        self._undo = []
+        for name, owner in (("schedule_ahead", engine.scheduler), ("launch_decode", runner),
+                            ("compute_hidden", runner), ("compute_logits", runner.model),
+                            ("_sample_on_device", runner), ("_apply", engine), ("prepare_step", llm_engine)):
+            self._wrap(owner, name)
+        original_collect = runner.collect
+
+        def collect(launched: Any) -> Any:
+            t0 = time.perf_counter()
+            if launched.done is not None:
+                launched.done.synchronize()
+            t1 = time.perf_counter()
+            out = original_collect(launched)
+            if self.active:
+                self.totals["collect: wait for the device"] += t1 - t0
+                self.totals["collect: rest"] += time.perf_counter() - t1
+            return out
+
+        runner.collect = collect
+        self._undo.append(lambda: runner.__dict__.pop("collect", None))
+
+    def _wrap(self, owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if self.active:
+                    self.totals[name] += time.perf_counter() - t0
+
+        own = name in vars(owner)  # a module's function, or an instance attribute set before (e.g. _instrument's)
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, original) if own else vars(owner).pop(name, None))
+
+    def restore(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+
+    def per_step_us(self, steps: int) -> dict[str, float]:
+        return {k: 1e6 * v / max(steps, 1) for k, v in self.totals.items()}
+
+
 def _step_info(llm: Any) -> dict[str, int]:
     """What is running now: sequences, waiting ones, total context (for the decode bounds)."""
     running = llm.engine.scheduler.running
@@ -114,7 +172,8 @@ def _step_info(llm: Any) -> dict[str, int]:
             "context": sum(s.num_tokens for s in running)}
 
 
-def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int, profile: bool) -> dict[str, Any]:
+def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int, profile: bool,
+             phases: HostPhases | None = None) -> dict[str, Any]:
     """Add the workload, step `first` steps (each timed), `skip` more, then `window` decode steps (timed as one)."""
     reset_prefix_cache(llm)
     engine, dev = llm.engine, llm.engine.spec.device
@@ -139,7 +198,11 @@ def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int
         if i == first + skip - 1:  # the decode window is timed as a whole: no syncs inside it
             sync(dev)
             t_window = time.perf_counter()
+            if phases is not None:
+                phases.active = True
     sync(dev)
+    if phases is not None:
+        phases.active = False
     window_ms = 1e3 * (time.perf_counter() - t_window) / window
     for rid in ids:
         engine.abort_request(rid)
@@ -286,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     llm = build_llm(args.arch, enforce_eager=args.enforce_eager)
     warmup(llm)
     restore = _instrument(llm)
-    plain = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=False)
+    phases = HostPhases(llm)  # host phases are timed in the unprofiled pass only
+    plain = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=False, phases=phases)
+    phases.restore()
     prof = run_pass(llm, w, args.prefill_steps, args.skip, args.window, profile=True)
     kernels = kernels_by_step(prof.pop("trace"))
     report: dict[str, Any] = {"arch": args.arch, "workload": w.name, "temperature": w.temperature,
@@ -306,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     bounds = decode_bounds(shape, info["running"], info["context"], ceilings.copy_gbps)
     print_table(f"steady decode ({info['running']} running, context {info['context']} tokens in all)", parts,
                 plain["window_ms"], bounds)
-    report["decode"] = {"parts": parts, "bounds": bounds, "window_ms": plain["window_ms"],
+    host = phases.per_step_us(args.window)
+    print("| host phase (steady decode, unprofiled) | us / step |\n| --- | --- |")
+    for name, us in sorted(host.items(), key=lambda kv: -kv[1]):
+        print(f"| {PHASE_LABELS.get(name, name)} | {us:.1f} |")
+    report["decode"] = {"host_phases_us": host, "parts": parts, "bounds": bounds, "window_ms": plain["window_ms"],
                         "profiled_window_ms": prof["window_ms"], "info": info, **print_details(kernels, window)}
     restore()
     report["throughput"] = [_throughput(llm, w.with_temperature(float(t)), shape, ceilings)

@@ -2,7 +2,8 @@
 
 Runs a workload (default: the headline) through the step API twice. Pass 1 times, without the profiler, the
 first steps (pure and mixed prefill) one by one and a window of steady decode steps at full batch (wall time
-between device synchronizes, divided by the steps). Pass 2 replays the same steps under the torch profiler
+between device synchronizes, divided by the steps; no synchronize inside the window, so async scheduling runs
+as in production). Pass 2 replays the same steps under the torch profiler
 (CUPTI: every kernel, also inside CUDA-graph replays) and splits each step's period on the device into:
 - device time of each kernel class (attention, GEMMs, norms, RoPE, KV store, activation, LM head, sampler,
   all-reduce, copies, other), from kernel names; the LM head and the sampler from the host range their launch
@@ -186,15 +187,18 @@ def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int
         prof.__enter__()
     steps = []
     for i in range(first + skip + window):
-        info = _step_info(llm)
-        sync(dev)
+        timed = i < first  # the first steps one by one (synchronized); later ones run as the engine runs them
+        info = _step_info(llm) if timed or i == first + skip else {}
+        if timed:
+            sync(dev)
         t0 = time.perf_counter()
         with torch.profiler.record_function(f"{STEP_PREFIX}{i}"):
             engine.step()
-        if i < first:
+        if timed:
             sync(dev)
             info.update(log[-1])  # the prefill steps are general steps (no async launch)
-        steps.append({"index": i, "wall_ms": 1e3 * (time.perf_counter() - t0), **info})
+        key = "wall_ms" if timed else "host_ms"  # a step launched ahead returns before its device work ends
+        steps.append({"index": i, key: 1e3 * (time.perf_counter() - t0), **info})
         if i == first + skip - 1:  # the decode window is timed as a whole: no syncs inside it
             sync(dev)
             t_window = time.perf_counter()

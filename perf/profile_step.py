@@ -40,7 +40,7 @@ from .roofline import causal_pairs, roofline
 # (class, substrings of the kernel name), first match wins; GEMMs are cuBLAS / CUTLASS names
 KERNEL_CLASSES = [
     ("attention", ("_decode_split", "_decode_reduce", "_prefill_kernel", "flash", "fmha", "attention")),
-    ("qk-norm+rope+kv", ("_qk_norm_rope",)),
+    ("qk-norm+rope+kv", ("_qkv_epilogue",)),
     ("kv store", ("_store_kv",)),
     ("norms", ("_rms_norm",)),
     ("rope", ("_rotary",)),

@@ -13,6 +13,7 @@ from perf.device import has_cuda
 def test_classify_by_name_and_range():
     assert ps.classify("_decode_split_kernel", []) == "attention"
     assert ps.classify("_store_kv_kernel", []) == "kv store"
+    assert ps.classify("_qkv_epilogue_kernel", []) == "qk-norm+rope+kv"
     assert ps.classify("_rms_norm_kernel", ["nvr_step#3"]) == "norms"
     assert ps.classify("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", ["nvr_step#3"]) == "gemm"
     assert ps.classify("sm90_xmma_gemm_bf16bf16_bf16f32", ["nvr_step#1", "lm_head"]) == "lm_head"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
@@ -19,6 +20,8 @@ from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
 from .inputs import StepInput, dummy_prefill_step
+
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
 @dataclass
@@ -169,10 +172,13 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        # staged in pinned memory: a copy from pageable memory may wait for the stream to drain (the driver
-        # stages it), which would stall the host behind the forward it just queued and idle the GPU after it
-        pinned = self.device.type == "cuda"
-        return torch.tensor(data, dtype=dtype, device="cpu", pin_memory=pinned).to(self.device, non_blocking=True)
+        # numpy reads a long Python list ~4x faster than torch.tensor (16,384-token prefill steps); staged in
+        # pinned memory: a copy from pageable memory may wait for the stream to drain (the driver stages it),
+        # which would stall the host behind the forward it just queued and idle the GPU after it
+        host = torch.from_numpy(np.array(data, dtype=_NUMPY_DTYPES[dtype]))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def metadata(self, step: StepInput) -> AttentionMetadata:
         width = max(len(t) for t in step.block_tables)

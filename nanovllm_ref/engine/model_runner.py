@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
-from ..distributed import all_reduce_min, tp_rank
+from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank
 from ..layers.attention import Attention
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
 from ..loader import init_dummy_weights, load_weights
@@ -39,8 +39,8 @@ class Launched:
 
     step: StepInput
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
-    host: torch.Tensor  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done`
-    done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously
+    host: torch.Tensor | None  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done` (rank 0)
+    done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously, and on TP ranks other than 0
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,11 @@ class ModelRunner:
             input_ids = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
             input_ids = input_ids.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, input_ids))
+        if logits is None:  # a TP rank other than 0: rank 0 samples, every rank keeps the tokens as next input ids
+            tokens = torch.empty(len(step.sample_seq_ids), dtype=torch.int64, device=self.device)
+            return Launched(step, broadcast_from_first_rank(tokens), None, None)
         _, packed = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
-        tokens = packed[0]
+        tokens = broadcast_from_first_rank(packed[0])
         if self.device.type != "cuda":
             return Launched(step, tokens, packed, None)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)

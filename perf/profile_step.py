@@ -13,7 +13,8 @@ as in production). Pass 2 replays the same steps under the torch profiler
 The parts add up to the profiled period exactly; the report shows it against the unprofiled step, and each
 part's lower bound from the measured ceilings (bytes / copy bandwidth in decode, FLOPs / matmul rate in prefill).
 Kernels are attributed to the step whose host call launched them (async scheduling launches step t+1 during
-call t). References: torch.profiler / Kineto trace format; vLLM's `benchmarks/` profiling; nsys's method.
+call t); the attribution is perf/step_trace.py. References: torch.profiler / Kineto trace format; vLLM's
+`benchmarks/` profiling; nsys's method.
 
     python3 -m perf.profile_step --arch qwen3-0.6b --temperature 0 --json out.json
 """
@@ -36,36 +37,12 @@ from .device import has_cuda, measure_ceilings, sync
 from .engine_runner import build_llm, params_for, reset_prefix_cache, run_throughput, warmup
 from .models import ModelShape, model_folder, read_config
 from .roofline import causal_pairs, roofline
+from .step_trace import STEP_PREFIX, breakdown, decode_bounds, kernels_by_step, prefill_bounds, top_gaps, top_kernels
 
-# (class, substrings of the kernel name), first match wins; GEMMs are cuBLAS / CUTLASS names
-KERNEL_CLASSES = [
-    ("attention", ("_decode_split", "_decode_reduce", "_prefill_kernel", "flash", "fmha", "attention")),
-    ("qk-norm+rope+kv", ("_qkv_epilogue",)),
-    ("kv store", ("_store_kv",)),
-    ("norms", ("_rms_norm",)),
-    ("rope", ("_rotary",)),
-    ("activation", ("_silu",)),
-    ("moe", ("_moe",)),
-    ("all-reduce", ("nccl",)),
-    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "splitkreduce")),
-]
-RANGE_CLASSES = ("lm_head", "sampler")  # by the host range of the launch (their kernels are GEMMs / Triton)
-STEP_PREFIX = "nvr_step#"
 PHASE_LABELS = {"launch_decode": "launch_decode (all of the next step's launches)",
                 "compute_hidden": "  of it: compute_hidden (graph inputs + replay)",
                 "compute_logits": "  of it: compute_logits (LM head)", "_sample_on_device": "  of it: sampler",
                 "_apply": "_apply (scheduler.update)"}
-
-
-def classify(name: str, ranges: list[str]) -> str:
-    for r in reversed(ranges):  # the innermost named range wins
-        if r in RANGE_CLASSES:
-            return r
-    low = name.lower()
-    for cls, keys in KERNEL_CLASSES:
-        if any(k.lower() in low for k in keys):
-            return cls
-    return "other"
 
 
 def _instrument(llm: Any) -> Callable[[], None]:
@@ -223,78 +200,6 @@ def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int
     return {"steps": steps, "window_ms": window_ms, "trace": trace}
 
 
-def kernels_by_step(trace: dict[str, Any]) -> dict[int, list[tuple[float, float, str, str]]]:
-    """step index -> [(start us, end us, class, kernel name)] of the device work its host call launched."""
-    events = trace["traceEvents"]
-    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("tid")) for e in events
-                    if e.get("cat") == "user_annotation" and e.get("ph") == "X")
-    launch_ts = {e["args"]["correlation"]: (e["ts"], e.get("tid")) for e in events
-                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    out: dict[int, list[tuple[float, float, str, str]]] = collections.defaultdict(list)
-    for e in events:
-        cat = e.get("cat")
-        if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("ph") != "X":
-            continue
-        ts, tid = launch_ts.get(e.get("args", {}).get("correlation"), (None, None))
-        if ts is None:
-            continue
-        names = [n for a, b, n, t in ranges if a <= ts <= b and t == tid]
-        step = next((int(n[len(STEP_PREFIX):]) for n in names if n.startswith(STEP_PREFIX)), None)
-        if step is None:
-            continue
-        cls = "copies" if cat != "kernel" else classify(e["name"], names)
-        out[step].append((e["ts"], e["ts"] + e["dur"], cls, e["name"]))
-    return out
-
-
-def breakdown(kernels: dict[int, list], steps: list[int]) -> dict[str, float]:
-    """Mean us per step of each class, of the gaps inside the steps and of the idle between them, over `steps`
-    (each needs the next step's kernels: its period ends where the next step's device work begins)."""
-    totals: dict[str, float] = collections.defaultdict(float)
-    used = 0
-    for i in steps:
-        ks, nxt = sorted(kernels.get(i, [])), kernels.get(i + 1)
-        if not ks or not nxt:
-            continue
-        used += 1
-        end = ks[0][0]
-        for a, b, cls, _ in ks:  # one stream: overlaps are rare; count each instant once
-            a = max(a, end)
-            totals["gaps inside the step"] += max(0.0, a - end)
-            totals[cls] += max(0.0, b - a)
-            end = max(end, b)
-        totals["idle between steps (host)"] += max(0.0, min(k[0] for k in nxt) - end)
-        totals["period"] += min(k[0] for k in nxt) - ks[0][0]
-    return {k: v / max(used, 1) for k, v in totals.items()} | {"steps": used}
-
-
-def top_kernels(kernels: dict[int, list], steps: list[int], k: int = 12) -> list[tuple[str, float, float]]:
-    """The `k` kernels with the most device time: (name, launches per step, us per step)."""
-    count: dict[str, int] = collections.Counter()
-    time_us: dict[str, float] = collections.defaultdict(float)
-    for i in steps:
-        for a, b, _, name in kernels.get(i, []):
-            count[name] += 1
-            time_us[name] += b - a
-    n = max(len(steps), 1)
-    return [(name[:90], count[name] / n, us / n) for name, us in sorted(time_us.items(), key=lambda kv: -kv[1])[:k]]
-
-
-def top_gaps(kernels: dict[int, list], steps: list[int], k: int = 8) -> list[tuple[str, float, float]]:
-    """Where the device idles inside the steps: ("previous -> next kernel", times per step, us per step)."""
-    count: dict[str, int] = collections.Counter()
-    time_us: dict[str, float] = collections.defaultdict(float)
-    for i in steps:
-        ks = sorted(kernels.get(i, []))
-        for (_, end, _, prev), (start, _, _, name) in zip(ks, ks[1:]):
-            if start > end:
-                key = f"{prev[:40]} -> {name[:40]}"
-                count[key] += 1
-                time_us[key] += start - end
-    n = max(len(steps), 1)
-    return [(key, count[key] / n, us / n) for key, us in sorted(time_us.items(), key=lambda kv: -kv[1])[:k]]
-
-
 def print_details(kernels: dict[int, list], steps: list[int]) -> dict[str, list]:
     details = {"top_kernels": top_kernels(kernels, steps), "top_gaps": top_gaps(kernels, steps)}
     print("| kernel | launches / step | us / step |\n| --- | --- | --- |")
@@ -304,20 +209,6 @@ def print_details(kernels: dict[int, list], steps: list[int]) -> dict[str, list]
     for name, n, us in details["top_gaps"]:
         print(f"| {name} | {n:.1f} | {us:.1f} |")
     return details
-
-
-def decode_bounds(shape: ModelShape, batch: int, context: int, copy_gbps: float) -> dict[str, float]:
-    """Lower bounds (us) of a decode step's parts at the copy bandwidth: weights and the KV cache read once."""
-    bw = copy_gbps * 1e3  # bytes per us
-    lm = shape.vocab_size * shape.hidden_size * 2
-    return {"gemm": shape.num_layers * shape.layer_linear_params * 2 / bw, "lm_head": lm / bw,
-            "attention": context * shape.kv_bytes_per_token() / bw,
-            "kv store": batch * shape.kv_bytes_per_token() / bw}
-
-
-def prefill_bounds(shape: ModelShape, tokens: int, pairs: int, tflops: float) -> dict[str, float]:
-    rate = tflops * 1e6  # FLOPs per us
-    return {"gemm": tokens * shape.linear_flops_per_token() / rate, "attention": shape.attention_flops(pairs) / rate}
 
 
 def print_table(title: str, parts: dict[str, float], measured_ms: float, bounds: dict[str, float]) -> None:

@@ -1,25 +1,26 @@
-"""Tests of perf/profile_step.py: kernel classes, step attribution of a Kineto trace, the breakdown's sums, and one
-unprofiled + profiled pass of the tiny model on the CPU (the GPU run is the tool itself)."""
+"""Tests of perf/profile_step.py and perf/step_trace.py: kernel classes, step attribution of a Kineto trace, the
+breakdown's sums, and one unprofiled + profiled pass of the tiny model on the CPU (the GPU run is the tool itself)."""
 
 from __future__ import annotations
 
 import pytest
 
 from perf import profile_step as ps
+from perf import step_trace as st
 from perf import workloads
 from perf.device import has_cuda
 
 
 def test_classify_by_name_and_range():
-    assert ps.classify("_decode_split_kernel", []) == "attention"
-    assert ps.classify("_store_kv_kernel", []) == "kv store"
-    assert ps.classify("_qkv_epilogue_kernel", []) == "qk-norm+rope+kv"
-    assert ps.classify("_rms_norm_kernel", ["nvr_step#3"]) == "norms"
-    assert ps.classify("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", ["nvr_step#3"]) == "gemm"
-    assert ps.classify("sm90_xmma_gemm_bf16bf16_bf16f32", ["nvr_step#1", "lm_head"]) == "lm_head"
-    assert ps.classify("_gumbel_argmax_kernel", ["nvr_step#1", "sampler"]) == "sampler"
-    assert ps.classify("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", []) == "all-reduce"
-    assert ps.classify("void at::native::vectorized_elementwise_kernel", []) == "other"
+    assert st.classify("_decode_split_kernel", []) == "attention"
+    assert st.classify("_store_kv_kernel", []) == "kv store"
+    assert st.classify("_qkv_epilogue_kernel", []) == "qk-norm+rope+kv"
+    assert st.classify("_rms_norm_kernel", ["nvr_step#3"]) == "norms"
+    assert st.classify("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", ["nvr_step#3"]) == "gemm"
+    assert st.classify("sm90_xmma_gemm_bf16bf16_bf16f32", ["nvr_step#1", "lm_head"]) == "lm_head"
+    assert st.classify("_gumbel_argmax_kernel", ["nvr_step#1", "sampler"]) == "sampler"
+    assert st.classify("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", []) == "all-reduce"
+    assert st.classify("void at::native::vectorized_elementwise_kernel", []) == "other"
 
 
 def _trace() -> dict:
@@ -52,12 +53,12 @@ def _trace() -> dict:
 
 
 def test_kernels_by_step_and_breakdown_add_up():
-    kernels = ps.kernels_by_step(_trace())
+    kernels = st.kernels_by_step(_trace())
     assert sorted(kernels) == [0, 1]
     assert [k[2] for k in sorted(kernels[0])] == ["norms", "attention", "lm_head"]
     assert sorted(kernels[0])[2][3] == "nvjet_gemm"
     assert [k[2] for k in sorted(kernels[1])] == ["kv store", "copies"]
-    parts = ps.breakdown(kernels, [0, 1])  # step 1 has no successor: only step 0 is counted
+    parts = st.breakdown(kernels, [0, 1])  # step 1 has no successor: only step 0 is counted
     assert parts["steps"] == 1
     assert parts["period"] == pytest.approx(60.0)
     assert parts["norms"] == 10 and parts["attention"] == 30 and parts["lm_head"] == 8
@@ -65,15 +66,15 @@ def test_kernels_by_step_and_breakdown_add_up():
     assert parts["idle between steps (host)"] == pytest.approx(10.0)
     summed = sum(v for k, v in parts.items() if k not in ("period", "steps"))
     assert summed == pytest.approx(parts["period"])
-    assert ps.top_kernels(kernels, [0, 1])[0] == ("_decode_split_kernel", 0.5, 15.0)
-    assert ps.top_gaps(kernels, [0]) == [("_rms_norm_kernel -> _decode_split_kernel", 1.0, 2.0)]
+    assert st.top_kernels(kernels, [0, 1])[0] == ("_decode_split_kernel", 0.5, 15.0)
+    assert st.top_gaps(kernels, [0]) == [("_rms_norm_kernel -> _decode_split_kernel", 1.0, 2.0)]
 
 
 def test_bounds_are_bytes_over_bandwidth():
     from perf.models import ModelShape
 
     shape = ModelShape.from_arch("qwen3-0.6b")
-    b = ps.decode_bounds(shape, batch=256, context=256_000, copy_gbps=4000.0)
+    b = st.decode_bounds(shape, batch=256, context=256_000, copy_gbps=4000.0)
     assert b["attention"] == pytest.approx(256_000 * 114_688 / 4e12 * 1e6)
     assert b["lm_head"] == pytest.approx(151_936 * 1024 * 2 / 4e12 * 1e6)
 

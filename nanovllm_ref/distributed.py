@@ -35,6 +35,13 @@ def gather_last_dim_to_first_rank(x: torch.Tensor) -> torch.Tensor | None:
     return torch.cat(shards, dim=-1).to(x.dtype) if shards is not None else None
 
 
+def broadcast_from_first_rank(x: torch.Tensor) -> torch.Tensor:
+    """Rank 0's `x` on every rank, in place (a device-side collective: no host sync under NCCL)."""
+    if tp_size() > 1:
+        dist.broadcast(x, src=0)
+    return x
+
+
 def all_reduce_min(value: int, device: torch.device) -> int:
     """The smallest of every rank's value (so all ranks size their KV cache alike)."""
     if tp_size() == 1:

@@ -103,3 +103,23 @@ def test_a_peer_reply_seen_early_is_kept_for_its_turn():
     threading.Timer(0.5, pipes[0][1].send, args=(("output", 0),)).start()
     with pytest.raises(RuntimeError, match="rank 1 failed: boom"):
         executor._receive(0, 10)
+
+
+def test_tp2_async_scheduling_matches_tp1():
+    """Steps without logprobs go through async scheduling under TP too (launch on every rank, rank 0 broadcasts
+    its tokens as the next input ids on the device): greedy and seeded sampling give TP=1's tokens, also when
+    rows finish at different steps."""
+    prompts = PROMPTS + [[7] * 5, list(range(20, 41))]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9, 6, 12, 1, 7)]
+    params[1] = SamplingParams(temperature=0.8, seed=5, max_tokens=9, ignore_eos=True)
+    path = str(checkpoint_path(MODEL))
+    with LLM(path, dtype="float32", max_model_len=256) as llm:
+        want = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM(path, dtype="float32", max_model_len=256, tensor_parallel_size=2) as llm:
+        launches = []
+        original = llm.engine.runner.launch_decode
+        llm.engine.runner.launch_decode = lambda *a, **k: launches.append(1) or original(*a, **k)
+        got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert len(launches) > 5, "decode steps did not take the async path under TP"
+    assert not multiprocessing.active_children()

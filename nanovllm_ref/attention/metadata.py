@@ -26,6 +26,7 @@ class AttentionMetadata:
     max_seq_len: int
     # tensors a backend derives from the fields above, computed by the first layer and reused by the others
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
+    decode_order: torch.Tensor | None = None  # (num_seqs,) sequences longest context first (decode attention)
 
     @property
     def decode_only(self) -> bool:

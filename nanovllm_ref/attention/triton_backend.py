@@ -20,6 +20,7 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    fused_store_ok = True
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:
@@ -35,7 +36,7 @@ class TritonBackend(AttentionBackend):
         if meta.decode_only:
             return decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
+                max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]), order=meta.decode_order,
             )
         return prefill_attention(
             q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context
@@ -37,11 +38,14 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.order = torch.arange(n, dtype=torch.int64, device=device)  # longest context first (decode attention)
         self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
         # host staging: pinned, filled with numpy, copied with one transfer per buffer. Two sets, used in turn:
         # with async scheduling a step is staged while the previous step's copies may still be queued
-        self.host_tables = [torch.zeros(n, width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
-        self.host_vectors = [torch.zeros(4, n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        # tables are staged flat at the step's own width, so the copy's source is contiguous pinned memory (a
+        # strided source would go through a pageable temporary, whose copy may wait for the stream to drain)
+        self.host_tables = [torch.zeros(n * width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.host_vectors = [torch.zeros(5, n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.stage = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.max_model_len = max_model_len  # an upper bound of the context: steers the decode splits
@@ -51,7 +55,7 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[: bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], max_query_len=1,
-            max_seq_len=self.max_model_len,
+            max_seq_len=self.max_model_len, decode_order=self.order[:bs],
         )
 
     @torch.inference_mode()
@@ -81,22 +85,26 @@ class DecodeGraphs:
         for row, values in enumerate((step.positions, step.slot_mapping, step.seq_lens), start=1):
             vec[row, :n] = values
         vec[2, n:bs], vec[3, n:bs] = -1, 0
+        vec[4, :bs] = np.argsort(-vec[3, :bs], kind="stable")
         if input_ids is None:
             vec[0, :n] = step.input_ids
             self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
         else:
             self.input_ids[:n].copy_(input_ids)
-        tables = host_tables.numpy()
         if step.block_table_array is not None:
             width = step.block_table_array.shape[1]
-            tables[:n, :width] = step.block_table_array
+            staged = host_tables[: n * width].view(n, width)
+            staged.numpy()[:] = step.block_table_array
         else:
             width = max(len(t) for t in step.block_tables)
+            staged = host_tables[: n * width].view(n, width)
+            tables = staged.numpy()
             for i, table in enumerate(step.block_tables):
                 tables[i, : len(table)] = table
         self.positions[:bs].copy_(host_vectors[1, :bs], non_blocking=True)
         self.slot_mapping[:bs].copy_(host_vectors[2, :bs], non_blocking=True)
         self.seq_lens[:bs].copy_(host_vectors[3, :bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
+        self.order[:bs].copy_(host_vectors[4, :bs], non_blocking=True)
+        self.block_tables[:n, :width].copy_(staged, non_blocking=True)
         self.graphs[bs].replay()
         return self.hidden[:n]

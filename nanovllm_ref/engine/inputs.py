@@ -76,7 +76,7 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
         else:
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+            slots += _slots(table, start, end, block_size)
         query_start_loc.append(first_row + num_new)
         seq_lens.append(end)
         block_tables.append(table)
@@ -91,6 +91,20 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
         (step.sample_seq_ids, step.temperature, step.top_k, step.top_p, step.seeds, step.num_logprobs,
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))
     return step
+
+
+def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """The cache slots of positions [start, end): one range per block touched (a prefill chunk of thousands
+    of tokens costs a few Python operations, not one per token)."""
+    out: list[int] = []
+    p = start
+    while p < end:
+        block, offset = divmod(p, block_size)
+        run = min(end - p, block_size - offset)
+        base = table[block] * block_size + offset
+        out += range(base, base + run)
+        p += run
+    return out
 
 
 def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, first_row: int) -> None:

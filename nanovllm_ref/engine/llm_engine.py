@@ -1,6 +1,6 @@
 """The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
 
-Async scheduling (`Config.async_scheduling`, TP=1, steps without logprobs): in a steady decode the next step is
+Async scheduling (`Config.async_scheduling`, steps without logprobs, also under TP): in a steady decode the next step is
 scheduled and launched before the current one's tokens are read back (`_step_async`), so the host's update,
 scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
 SGLang's overlap scheduler).
@@ -277,8 +277,8 @@ class LLMEngine:
         return self._step_async(out, self.runner.launch_decode(step))
 
     def _can_launch_ahead(self, out: SchedulerOutput, step: StepInput) -> bool:
-        return (self.config.async_scheduling and out.decode_batch is not None and isinstance(self.runner, ModelRunner)
-                and max(step.num_logprobs) < 0 and not step.processed)  # penalties need every token on the host
+        return (self.config.async_scheduling and out.decode_batch is not None and max(step.num_logprobs) < 0
+                and not step.processed)  # penalties need every token on the host
 
     def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
         """With `out` in flight, schedule and launch the next decode step (its input ids are `out`'s tokens,

@@ -3,7 +3,9 @@
 Ranks talk through torch.distributed (gloo on CPU, NCCL on GPU) with a rendezvous on a free port chosen at
 start, and no process group lives in the caller: two engines coexist in one process tree. Each step the
 caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
-shared-memory names to clash); every rank runs the same forward; rank 0 samples and answers. A worker that
+shared-memory names to clash); every rank runs the same forward; rank 0 samples and answers. Under async
+scheduling a decode step is "launched" on every rank and "collected" from rank 0 later: rank 0 broadcasts its
+sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
 raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
 raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
 """
@@ -17,6 +19,7 @@ import pickle
 import socket
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -25,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .inputs import StepInput
-from .model_runner import ModelRunner, RunnerSpec, StepOutput
+from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("NANOVLLM_REF_TP_TIMEOUT", "60")))
 STARTUP_TIMEOUT_S = float(os.environ.get("NANOVLLM_REF_TP_STARTUP_TIMEOUT", "900"))
@@ -72,11 +75,21 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
         )
         runner = ModelRunner(spec, hf_config)
         conn.send(("ready", runner.num_kvcache_blocks))
+        launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
         while True:
-            command, step = pickle.loads(conn.recv_bytes())
+            command, payload = pickle.loads(conn.recv_bytes())
             if command == "exit":
                 break
-            out = runner.execute(step)
+            if command == "launch":  # queue a decode step; its input ids may be an earlier one's tokens
+                step, key, prev_key, rows = payload
+                launched[key] = runner.launch_decode(step, launched.get(prev_key), rows)
+                continue
+            if command == "collect":  # rank 0 waits for the step and answers; the others only forget it
+                item = launched.pop(payload)
+                if rank == 0:
+                    conn.send(("output", runner.collect(item)))
+                continue
+            out = runner.execute(payload)
             if rank == 0:
                 conn.send(("output", out))
     except (KeyboardInterrupt, EOFError):
@@ -89,6 +102,14 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class TPLaunched:
+    """A decode step queued on every rank (TPExecutor.launch_decode); the workers hold its tensors."""
+
+    step: StepInput
+    key: int
 
 
 class TPExecutor:
@@ -106,6 +127,7 @@ class TPExecutor:
             self.conns.append(parent)
             self.procs.append(proc)
         self._closed = False
+        self._next_key = 0
         self._stash: dict[int, tuple[str, Any]] = {}  # a message read from a rank before its turn
         atexit.register(self.shutdown)
         replies = [self._receive(rank, STARTUP_TIMEOUT_S) for rank in range(tp)]
@@ -149,15 +171,32 @@ class TPExecutor:
         self.shutdown(graceful=False)
         raise RuntimeError(f"tensor-parallel worker {'; '.join(dead)}; then: {message}" if dead else message)
 
-    def execute(self, step: StepInput) -> StepOutput:
+    def _send_all(self, message: tuple) -> None:
         if self._closed:
             raise RuntimeError("the tensor-parallel workers were shut down")
-        data = pickle.dumps(("execute", step), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self.conns):
             try:
                 conn.send_bytes(data)
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
+
+    def execute(self, step: StepInput) -> StepOutput:
+        self._send_all(("execute", step))
+        return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
+
+    def launch_decode(
+        self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None
+    ) -> TPLaunched:
+        """Async scheduling under TP: every rank queues the decode step (ModelRunner.launch_decode) and keeps it;
+        its input ids are `prev`'s tokens, which rank 0 broadcast on the device when it sampled them."""
+        self._next_key += 1
+        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows)))
+        return TPLaunched(step, self._next_key)
+
+    def collect(self, launched: TPLaunched) -> StepOutput:
+        """Rank 0's tokens of a launched step (the other ranks forget it)."""
+        self._send_all(("collect", launched.key))
         return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
 
     def shutdown(self, graceful: bool = True) -> None:

@@ -15,6 +15,9 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   the context: `max_seq_len` if given, else the block-table width x block size), so the wrapper never syncs
   and allocates only shape-determined buffers: it is CUDA-graph capturable. With one split the kernel
   writes the output directly and the reduce launch is skipped.
+- `order` (optional): a permutation telling program i to take sequence order[i]. Longest contexts first
+  (longest-processing-time-first scheduling) keeps the last wave of programs short: with mixed context
+  lengths, the SMs otherwise idle behind a few long sequences dispatched last.
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -58,6 +61,7 @@ if triton is not None:
     @triton.jit
     def _decode_split_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+        order_ptr,  # (num_seqs,) int: the sequence of each program along axis 0 (HAS_ORDER)
         out_ptr,  # (num_seqs, num_heads, head_dim), written only when num_splits == 1
         part_acc_ptr,  # (num_seqs, num_heads, num_splits, HEAD_DIM) f32, unnormalized
         part_ml_ptr,  # (num_seqs, num_heads, num_splits, 2) f32: running max (log2 domain), sum
@@ -70,9 +74,11 @@ if triton is not None:
         num_splits,  # runtime, so that split counts do not multiply the compiled variants
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
-        UPCAST: tl.constexpr, PREC: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr,
     ):
         seq = tl.program_id(0)
+        if HAS_ORDER:
+            seq = tl.load(order_ptr + seq).to(tl.int32)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         seq_len = tl.load(seq_lens_ptr + seq)
@@ -184,6 +190,7 @@ def decode_attention(
     max_seq_len: int | None = None,  # optional upper bound of seq_lens (only steers num_splits)
     num_splits: int | None = None,  # override the heuristic (tests, tuning)
     split_batch: int | None = None,  # batch size the heuristic sees (a CUDA-graph bucket: eager == graph)
+    order: torch.Tensor | None = None,  # (num_seqs,) int permutation: programs take sequences in this order
     out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
     workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
     tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps)
@@ -215,13 +222,13 @@ def decode_attention(
     else:
         part_acc = part_ml = out  # unused
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out, part_acc, part_ml,
         scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
         group, num_splits,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
-        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), **cfg,
+        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None, **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

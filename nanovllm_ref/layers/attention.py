@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, get_forward_context
+from ..kernels.qkv_epilogue import qkv_epilogue
 
 
 class Attention(nn.Module):
@@ -15,11 +16,31 @@ class Attention(nn.Module):
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q (num_tokens, num_heads, head_dim); k, v (num_tokens, num_kv_heads, head_dim)
+    def _cache(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated")
+        return self.kv_cache[0], self.kv_cache[1]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q (num_tokens, num_heads, head_dim); k, v (num_tokens, num_kv_heads, head_dim)
+        k_cache, v_cache = self._cache()
         meta = get_forward_context()
-        k_cache, v_cache = self.kv_cache[0], self.kv_cache[1]
         self.backend.store_kv(k, v, k_cache, v_cache, meta)
         return self.backend.forward(q, k_cache, v_cache, meta)
+
+    def fuses_epilogue(self, x: torch.Tensor) -> bool:
+        """Whether `forward_packed` serves this input: on CUDA, with a backend whose KV store is the engine's."""
+        return x.is_cuda and self.backend.fused_store_ok
+
+    def forward_packed(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+    ) -> torch.Tensor:
+        """Attention from the packed QKV rows, with q/k norm, RoPE and the KV store in one kernel (one launch
+        instead of up to six per layer, kernels/qkv_epilogue.py)."""
+        k_cache, v_cache = self._cache()
+        meta = get_forward_context()
+        b = self.backend
+        q = qkv_epilogue(qkv, positions, cos_sin_cache, q_weight, k_weight, eps, k_cache, v_cache,
+                         meta.slot_mapping, b.num_heads, b.num_kv_heads)  # (num_tokens, num_heads, head_dim)
+        return b.forward(q, k_cache, v_cache, meta)

@@ -43,7 +43,15 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        qkv = self.qkv_proj(x)  # (num_tokens, q_size + 2 * kv_size)
+        if self.attn.fuses_epilogue(qkv):
+            norm = self.q_norm is not None
+            out = self.attn.forward_packed(
+                qkv, positions, self.rotary.cos_sin_cache, self.q_norm.weight if norm else None,
+                self.k_norm.weight if norm else None, self.q_norm.eps if norm else 0.0,
+            )
+            return self.o_proj(out.reshape(n, q_size))
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
         k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
         v = v.reshape(n, self.num_kv_heads, d)

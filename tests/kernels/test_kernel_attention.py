@@ -125,3 +125,17 @@ def test_decode_slow_mode_still_correct(monkeypatch):
                          device=DEVICE, seed=5)
     check_decode(b, num_splits=2)
     check_decode(b, num_splits=None, max_seq_len=100)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_order_is_bitwise_the_same(num_splits):
+    """`order` only changes which program takes which sequence (longest first): every output is bitwise the one
+    without it, for any permutation."""
+    b = make_paged_batch([5, 90, 33, 1, 64], [1] * 5, num_kv_heads=2, group=2, head_dim=64, block_size=16,
+                         device=DEVICE, seed=11)
+    plain = decode_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale, num_splits=num_splits)
+    for order in (torch.argsort(b.seq_lens, descending=True), torch.tensor([3, 0, 4, 2, 1])):
+        out = decode_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale,
+                               num_splits=num_splits, order=order.to(DEVICE))
+        assert torch.equal(out, plain)
+    check_decode(b, num_splits=num_splits, order=torch.argsort(b.seq_lens, descending=True))

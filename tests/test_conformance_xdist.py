@@ -44,6 +44,7 @@ def test_conformance_items_are_grouped_by_model():
     item = types.SimpleNamespace(callspec=types.SimpleNamespace(params={"model_spec": spec}), markers=[],
                                  keywords={}, path="x")
     item.add_marker = item.markers.append
-    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(hasplugin=lambda name: name == "xdist"))
+    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(hasplugin=lambda name: name == "xdist"),
+                                   getoption=lambda name: ["qwen3-tiny"])  # --model given: no case deselected
     conftest.pytest_collection_modifyitems(config, [item])
     assert [(m.name, m.args) for m in item.markers] == [("xdist_group", ("qwen3-tiny",))]

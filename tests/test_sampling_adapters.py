@@ -62,7 +62,9 @@ def test_vllm_run_requests_unsupported_settings(fake_vllm) -> None:
 
 
 def test_openai_run_requests_payload_and_choices(monkeypatch) -> None:
-    adapter = OpenAIAdapter("http://x/v1", model="m")
+    facts = types.SimpleNamespace(names=["m"])
+    monkeypatch.setattr(OpenAIAdapter, "_facts", lambda self: facts)  # no server: the adapter asks what is served
+    adapter = OpenAIAdapter("http://x/v1")
     sent = []
 
     def post(payload):

@@ -32,6 +32,7 @@ from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
+from .workers import WorkersFailed
 
 _INT64 = range(-(2**63), 2**63)  # what the sampler's int64 tensors hold
 _SEEDS = range(-(2**63), 2**64)  # signed or unsigned 64-bit
@@ -247,6 +248,8 @@ class LLMEngine:
         self._stepping.clear()
         try:
             return self._step()
+        except WorkersFailed:  # the engine itself is gone: no request can be served any more
+            raise
         except Exception as e:
             seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
             if not seqs:  # nothing was scheduled: a scheduler bug, not one request's

@@ -34,6 +34,10 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("NANOVLLM_REF_TP_TIMEO
 STARTUP_TIMEOUT_S = float(os.environ.get("NANOVLLM_REF_TP_STARTUP_TIMEOUT", "900"))
 
 
+class WorkersFailed(RuntimeError):
+    """The tensor-parallel workers are gone: the engine cannot go on (not one step's requests failing)."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -169,11 +173,11 @@ class TPExecutor:
         dead = [f"rank {r} died (exit code {p.exitcode})" for r, p in enumerate(self.procs)
                 if p.exitcode not in (None, 0) and f"rank {r} died" not in message]
         self.shutdown(graceful=False)
-        raise RuntimeError(f"tensor-parallel worker {'; '.join(dead)}; then: {message}" if dead else message)
+        raise WorkersFailed(f"tensor-parallel worker {'; '.join(dead)}; then: {message}" if dead else message)
 
     def _send_all(self, message: tuple) -> None:
         if self._closed:
-            raise RuntimeError("the tensor-parallel workers were shut down")
+            raise WorkersFailed("the tensor-parallel workers were shut down")
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self.conns):
             try:

@@ -98,9 +98,11 @@ class OpenAIAdapter:
             payload["prompt_logprobs"] = top_k
         return payload
 
+    def _post(self, payload: dict) -> dict:
+        return http_json(f"{self.base_url}/completions", payload, self.timeout_s)
+
     def _one(self, prompt: list[int], max_tokens: int, top_k: int, prompt_logprobs: bool) -> EngineOutput:
-        body = http_json(f"{self.base_url}/completions", self._payload(prompt, max_tokens, top_k, prompt_logprobs),
-                         self.timeout_s)
+        body = self._post(self._payload(prompt, max_tokens, top_k, prompt_logprobs))
         return self._convert(body["choices"][0], body.get("usage"))
 
     def _convert(self, choice: dict, usage: dict | None) -> EngineOutput:

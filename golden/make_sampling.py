@@ -16,6 +16,7 @@ compares an engine with them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from pathlib import Path
@@ -73,7 +74,7 @@ def processed(ref: ReferenceSampler, prompt: list[int]) -> list[dict]:
 def main() -> None:
     torch.set_num_threads(1)
     SAMPLING_DIR.mkdir(exist_ok=True)
-    files = {}
+    files, counts = {}, {}
     for name in list_checkpoints():
         prompts = golden_prompts(name)
         for dtype, torch_dtype in DTYPES.items():
@@ -83,8 +84,9 @@ def main() -> None:
                     "processed": [row for p in prompts for row in processed(ref, p)]}
             path = SAMPLING_DIR / f"{name}.{dtype}.json"
             path.write_text(json.dumps(data, indent=None, separators=(",", ":")) + "\n")
-            files[path.name] = {"greedy": len(data["greedy"]), "processed": len(data["processed"])}
-            print(f"{path.name}: {files[path.name]}", flush=True)
+            counts[path.name] = {"greedy": len(data["greedy"]), "processed": len(data["processed"])}
+            files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()  # golden.verify checks these
+            print(f"{path.name}: {counts[path.name]}", flush=True)
     import transformers
 
     manifest = {"regenerate": "python -m golden.make_sampling", "versions": {
@@ -92,7 +94,7 @@ def main() -> None:
         "settings": {"prompts": f"the first {PROMPTS} golden prompts of >= 5 tokens", "num_new_tokens": NUM_NEW_TOKENS,
                      "top_k": TOP_K, "repetition_penalties": list(REPETITION_PENALTIES), "cuts": list(CUTS),
                      "warpers": WARPERS, "attn_implementation": "eager", "device": "cpu"},
-        "files": files}
+        "counts": counts, "files": files}
     (SAMPLING_DIR / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 

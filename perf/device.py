@@ -49,7 +49,11 @@ def slug(name: str) -> str:
 
 
 def gpu_slug() -> str:
-    return slug(gpu_name()) if has_cuda() else "cpu"
+    """Baseline folder of this machine: 'nvidia-h200', or 'nvidia-h200-x2' on a two-GPU host (TP cases differ)."""
+    if not has_cuda():
+        return "cpu"
+    count = torch.cuda.device_count()
+    return slug(gpu_name()) + (f"-x{count}" if count > 1 else "")
 
 
 @functools.cache

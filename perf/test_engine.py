@@ -99,7 +99,8 @@ def test_tp_scaling(benchmark, engines, perf_model, shape, ceilings, tp):
     arch, model = perf_model
     llm = engines.get(arch=arch, model=model, tp=tp)
     benchmark.group = "engine_tp"
-    _throughput(benchmark, llm, workloads.headline(), shape, ceilings, 2, tp=tp)
+    # the first 128 headline requests: issue 21's TP workload (the 8B architecture at 256 sequences is KV-bound)
+    _throughput(benchmark, llm, workloads.headline().subset(128), shape, ceilings, 2, tp=tp)
 
 
 # ---- CPU smoke ----------------------------------------------------------------------------------------------

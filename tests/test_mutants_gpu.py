@@ -27,7 +27,8 @@ def test_picks_the_snippets_inside_triton_kernels_and_the_gpu_sites() -> None:
     chosen = {m.name for m in gpu_mutants(ROOT, MUTANTS)}
     assert {"rmsnorm-kernel-mean", "rotary-kernel-sign", "attention-kernel-causal", "store-kv-kernel-slot0",
             "rmsnorm-kernel-input-dtype", "decode-reduce-no-max", "online-softmax-max-reset",
-            "kernel-key-ignores-position", "kernel-nan-row-unflagged", "flash-attn-not-causal"} <= chosen
+            "kernel-key-ignores-position", "kernel-nan-row-unflagged", "flash-attn-not-causal", "silu-kernel-sign",
+            "fused-moe-kernel-acc-reset", "qkv-epilogue-v-from-k"} <= chosen
     # the pure-torch references next to the kernels are the CPU column's
     assert not chosen & {"rmsnorm-eps", "rotary-reference-sign", "temperature-multiplies", "seed-position-ignored",
                          "attention-causal-reference", "loader-kv-swap"}

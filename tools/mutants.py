@@ -235,6 +235,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", 'offset = q_size if shard_id == "k" else q_size + kv_size',
       'offset = q_size + kv_size if shard_id == "k" else q_size', "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),
+    # the Triton kernels that had no mutant: each reached by its kernel conformance case (CPU: the interpreter)
+    M("silu-kernel-sign", "nanovllm_ref/kernels/activation.py", "act = (gate / (1.0 + tl.exp(-gate)))",
+      "act = (gate / (1.0 + tl.exp(gate)))", "Triton SiLU-and-mul: sigmoid of -gate (exp sign flipped)",
+      ("tests/test_backends.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
+    M("fused-moe-kernel-acc-reset", "nanovllm_ref/kernels/fused_moe.py",
+      'acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")\n            else:\n'
+      "                acc += tl.dot(a, w, input_precision=PREC)",
+      'acc = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")\n            else:\n'
+      "                acc = tl.dot(a, w, input_precision=PREC)",
+      "Triton fused MoE GEMM keeps only the last K tile (the accumulator overwritten, not added to)",
+      ("tests/kernels/test_fused_moe.py::test_fused_moe_matches_reference",), kernels("fused_moe")),
+    M("qkv-epilogue-v-from-k", "nanovllm_ref/kernels/qkv_epilogue.py", "        src = src + num_kv_heads * HEAD_DIM\n",
+      "", "Triton fused QKV epilogue stores the raw K slice as V", ("tests/kernels/test_kernel_qkv_epilogue.py",),
+      kernels("qkv_epilogue")),
     # sampling (issue 18): each caught by the sampling conformance test (what another engine runs)
     M("sampling-top-p-drops-boundary", "nanovllm_ref/layers/sampler.py",
       "drop = probs.cumsum(dim=-1) <= 1 - top_p", "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p",

@@ -101,7 +101,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("attention-causal-reference", "nanovllm_ref/kernels/prefill_attention.py",
       "q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)",
       "q_pos = torch.arange(seq_len - q_len + 1, seq_len + 1, device=q.device)",
-      "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,)),
+      "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,),
+      kernels("prefill_attention")),  # the engine's CPU default is sdpa: the reference is the kernels' oracle
     M("sdpa-causal", "nanovllm_ref/attention/sdpa_backend.py",
       "(key_pos[None, None, :] <= query_pos[:, :, None])", "(key_pos[None, None, :] <= query_pos[:, :, None] + 1)",
       "sdpa backend (the CPU default): a query after a cached prefix sees the next token", (SDPA_ORACLE,)),
@@ -115,7 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("sdpa-reads-past-context", "nanovllm_ref/attention/sdpa_backend.py",
       "torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])", "slots",
       "sdpa backend: masked keys past the context read the cache there (a freed block's NaN poisons the sum)",
-      (SDPA_ORACLE,)),
+      (SDPA_ORACLE,), kernels("sdpa")),  # NaN-poisoned unused blocks: the kernel module's paged batches
     M("prefix-hash-unchained", "nanovllm_ref/engine/block_manager.py",
       "parent = seq.block_hashes[-1] if seq.block_hashes else 0", "parent = 0",
       "prefix cache: a full block's hash ignores its parent block", (BLOCKS,)),

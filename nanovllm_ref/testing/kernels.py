@@ -268,8 +268,27 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 
+def backend_candidates(backend_cls: type, label: str) -> list[KernelCandidate]:
+    """An attention backend of nanovllm_ref.attention (its ``forward`` over the paged cache) as prefill and decode
+    candidates: the backends that are not one kernel (sdpa, the CPU default) meet the same poisoned batches."""
+    from ..attention import AttentionMetadata
+
+    def prefill(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale):
+        meta = AttentionMetadata(slot_mapping=torch.full((q.shape[0],), -1, device=q.device),
+                                 query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=block_tables,
+                                 max_query_len=int(query_start_loc.diff().max()), max_seq_len=int(seq_lens.max()))
+        return backend_cls(q.shape[1], k_cache.shape[2], q.shape[2], scale).forward(q, k_cache, v_cache, meta)
+
+    def decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        one_each = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int32, device=q.device)  # query_start_loc
+        return prefill(q, k_cache, v_cache, one_each, seq_lens, block_tables, scale)
+
+    return [KernelCandidate("prefill_attention", label, prefill), KernelCandidate("decode_attention", label, decode)]
+
+
 def nanovllm_ref_candidates() -> list[KernelCandidate]:
-    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature."""
+    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature, and its sdpa attention backend."""
+    from ..attention.sdpa_backend import SdpaBackend
     from ..kernels import (
         activation,
         decode_attention,
@@ -299,4 +318,5 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample),
         KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue),
+        *backend_candidates(SdpaBackend, "sdpa"),
     ]

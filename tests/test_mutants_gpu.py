@@ -60,7 +60,8 @@ def test_classifies_machine_failures_timeouts_and_baselines() -> None:
     (m,) = find(MUTANTS, ["rmsnorm-kernel-mean"])
     runs = mark_baseline_failures([Run("baseline-0", None, ("a",), "caught", "x"), Run(m.name, m, ("a",), "caught"),
                                    Run("other", m, ("b",), "caught")])
-    assert [r.status for r in runs] == ["caught", "baseline caught", "baseline missing"]
+    assert [r.status for r in runs] == ["caught", "baseline failed", "baseline missing"]
+    assert "| baseline-0 | `pytest -x -q" in table(runs) and "**FAILED** (`x`)" in table(runs)
 
 
 def test_runs_baseline_and_mutants_in_parallel_copies() -> None:

@@ -162,7 +162,8 @@ def mark_baseline_failures(runs: list[Run]) -> list[Run]:
     for r in runs:
         base = baseline.get(r.args)
         if r.mutant is not None and (base is None or base.status != "survived"):
-            r.status, r.by = f"baseline {base.status if base else 'missing'}", base.name if base else ""
+            failed = {"caught": "failed"}.get(base.status, base.status) if base else "missing"
+            r.status, r.by = f"baseline {failed}", base.name if base else ""
     return runs
 
 
@@ -173,8 +174,8 @@ def command_text(args: tuple[str, ...]) -> str:
 def table(runs: list[Run]) -> str:
     lines = ["| run | command | result | seconds |", "| --- | --- | --- | --- |"]
     for r in runs:
-        if r.mutant is None:  # a baseline "survives" when it passes
-            result = "passed" if r.status == "survived" else f"**{r.status}**"
+        if r.mutant is None:  # a baseline "survives" when it passes, is "caught" when it fails
+            result = {"survived": "passed", "caught": "**FAILED**"}.get(r.status, f"**{r.status}**")
         else:
             result = {"caught": "caught", "survived": "**SURVIVED**"}.get(r.status, f"**{r.status}**")
         lines.append(f"| {r.name} | `{command_text(r.args)}` | {result}{f' (`{r.by}`)' if r.by else ''} "

@@ -27,8 +27,8 @@ def test_golden_gpu(model_spec, options, references, record) -> None:
     if options.engine != "nanovllm_ref":
         pytest.skip("the GPU variant drives nanovllm_ref; other engines pick their device themselves")
     ref = references.get(model_spec, "bfloat16")
-    kwargs = {"tensor_parallel_size": options.tp} if options.tp > 1 else {}
-    adapter = NanovllmRefAdapter(model_spec.path, "bfloat16", device="cuda", **kwargs)
+    kwargs = {**dict(options.engine_args), **({"tensor_parallel_size": options.tp} if options.tp > 1 else {})}
+    adapter = NanovllmRefAdapter(model_spec.path, "bfloat16", device="cuda", **kwargs)  # --engine-arg too
     try:
         report = run_check(adapter, ref, tolerance_for("bfloat16", options, ref), case=f"{ref.source}-cuda")
     finally:

@@ -20,6 +20,7 @@ pass first. The exact command of a conformance run is printed with ``--list``.
     python -m tools.mutants                 # all; prints a markdown table, exits 1 if any mutant survived
     python -m tools.mutants --only top-k    # some (names or substrings); --list shows them
     python -m tools.mutants --conformance-only   # only the headline column (about half the time)
+    python3 -m tools.mutants --gpu --jobs 8      # the GPU column: Triton-kernel mutants, -m gpu (mutants_gpu.py)
     nox -s mutants
 """
 
@@ -72,6 +73,7 @@ class Mutant:
     tests: tuple[str, ...]  # targeted: test files / node ids, run in this order, stopping at the first failure
     conformance: tuple[str, ...] = CONFORMANCE  # pytest arguments of the conformance run (after OPTIONS)
     gpu: bool = False  # the site runs only on a GPU: the conformance column needs `pytest conformance -m gpu`
+    gpu_args: tuple[str, ...] = ()  # extra arguments of its `--gpu` run (tools/mutants_gpu.py), e.g. engine args
 
 
 M = Mutant
@@ -207,7 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("flash-attn-not-causal", "nanovllm_ref/attention/flash_attn_backend.py",
       "causal=True, block_table=meta.block_tables", "causal=False, block_table=meta.block_tables",
       "flash-attn backend: prefill without the causal mask", ("tests/test_flash_attn_backend.py",),
-      ("conformance/test_golden.py",), gpu=True),
+      ("conformance/test_golden.py",), gpu=True,
+      gpu_args=("--engine-arg", "attention_backend=flash-attn", "--engine-arg", "kvcache_block_size=256")),
     M("top-k-off-by-one", "nanovllm_ref/layers/sampler.py", "sorted_logits.gather(-1, (vocab - k)[:, None])",
       "sorted_logits.gather(-1, (vocab - k - 1).clamp(min=0)[:, None])",
       "top-k keeps k + 1 tokens", (f"{SAMPLING}::test_top_k_restricts_support_and_renormalizes",), (SAMPLING_CONF,)),
@@ -400,8 +403,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="list the mutants and their conformance commands, then exit")
     p.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated tree")
     p.add_argument("--conformance-only", action="store_true", help="skip the targeted tests' column")
+    gpu = p.add_argument_group("GPU column (tools/mutants_gpu.py): Triton-kernel and gpu=True mutants, -m gpu")
+    gpu.add_argument("--gpu", action="store_true", help="run the GPU column instead (needs CUDA)")
+    gpu.add_argument("--jobs", type=int, default=8, help="mutants run at once, each in its own tree copy")
+    gpu.add_argument("--timeout", type=float, default=300, help="seconds per pytest run")
+    gpu.add_argument("--budget", type=float, default=480, help="seconds for the whole GPU run")
+    gpu.add_argument("--out", help="folder for table.md and one log per run")
     args = p.parse_args(argv)
     chosen = find(MUTANTS, args.only)
+    if args.gpu:
+        from . import mutants_gpu
+
+        return mutants_gpu.main(ROOT, chosen, args.jobs, args.timeout, args.budget, args.out, args.list)
     check_snippets(ROOT, chosen)
     if args.list:
         for m in chosen:

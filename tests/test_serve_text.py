@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanovllm_ref.engine.llm_engine import load_tokenizer
+from nanovllm_ref.engine.loading import load_tokenizer
 from nanovllm_ref.serve.text import TextStream
 
 from .conftest import QWEN3, checkpoint_path

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine.llm_engine import load_tokenizer
+from ..engine.loading import load_tokenizer
 from ..llm import LLM
 from .app import build_app
 from .engine_loop import EngineLoop

@@ -112,8 +112,7 @@ class LLMEngine:
             seed = (base + i + 2**63) % 2**64 - 2**63  # 64-bit seeds (signed or not) as the sampler's int64
             seq = Sequence(request_id, token_ids, params, seed)
             if params.stop:
-                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
-                                                         params.include_stop_str_in_output)
+                seq.detokenizer = IncrementalDetokenizer.for_request(self.tokenizer, token_ids, params)
                 self._with_stop_strings[seq.seq_id] = seq
             if seqs:
                 seq.prefill_after, seq.group = seqs[0], seqs
@@ -276,7 +275,9 @@ class LLMEngine:
         if seq.detokenizer is not None:
             seq.detokenizer.add(seq.output_token_ids[seq.detokenizer.num_fed :], check_stop=False)
             return seq.detokenizer.finish()
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""

@@ -18,9 +18,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..engine.loading import load_tokenizer
 from ..llm import LLM
 from .app import build_app
+from .cli import read_chat_template
 from .engine_loop import EngineLoop
 from .routes import Served
-from .text import read_chat_template
 
 
 @dataclass(frozen=True)

@@ -87,19 +87,10 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_chat_template(value: str | None) -> str | None:
-    """`--chat-template`: a file's contents, or the value itself when it is a Jinja template."""
-    if value is None or "{{" in value or "{%" in value:
-        return value
-    if not os.path.isfile(value):
-        raise ValueError(f"--chat-template: no such file {value!r} (and not a Jinja template)")
-    with open(value) as f:
-        return f.read()
-
-
 def _chat(args: argparse.Namespace) -> int:
     from ..engine.detokenizer import IncrementalDetokenizer
     from ..llm import LLM
+    from .chat_template import read_chat_template
 
     template = read_chat_template(args.chat_template)
     with LLM(args.model, **engine_kwargs(args)) as llm:

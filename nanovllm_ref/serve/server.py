@@ -18,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..engine.loading import load_tokenizer
 from ..llm import LLM
 from .app import build_app
-from .cli import read_chat_template
+from .chat_template import read_chat_template
 from .engine_loop import EngineLoop
 from .routes import Served
 

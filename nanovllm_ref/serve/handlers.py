@@ -85,13 +85,12 @@ class Generation:
     def __init__(self, loop: EngineLoop, tokenizer: Any, plan: RequestPlan, prompts: list[list[int]]) -> None:
         self.loop, self.plan, self.prompts = loop, plan, prompts
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.params = [self._params(ids) for ids in prompts]
-        self.choices = [Choice(p * plan.n + i, i, ids, IncrementalDetokenizer.for_request(tokenizer, ids, params))
-                        for p, (ids, params) in enumerate(zip(prompts, self.params)) for i in range(plan.n)]
+        self.choices = [Choice(p * plan.n + i, i, ids, IncrementalDetokenizer.for_request(tokenizer, ids, plan.params))
+                        for p, ids in enumerate(prompts) for i in range(plan.n)]
         self.by_rid: dict[str, list[Choice]] = {}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def _params(self, prompt_ids: list[int]) -> SamplingParams:
+    def params(self, prompt_ids: list[int]) -> SamplingParams:
         if not self.plan.fill_max_tokens:
             return self.plan.params
         max_len = self.loop.llm.engine.spec.max_model_len
@@ -99,16 +98,18 @@ class Generation:
 
     def start(self) -> None:
         """Validate every request (BadRequest names the problem), then submit them all."""
-        for ids, params in zip(self.prompts, self.params):
+        params = []
+        for ids in self.prompts:
             try:
-                self.loop.validate(ids, params)
+                params.append(self.params(ids))
+                self.loop.validate(ids, params[-1])
             except (ValueError, TypeError) as e:  # the engine's messages begin with the field's name
                 name = str(e).split(" ", 1)[0].split("=")[0].rstrip(":")
                 raise BadRequest(str(e), name if name in SAMPLING_FIELDS else "prompt") from None
-        for p, (ids, params) in enumerate(zip(self.prompts, self.params)):
+        for p, (ids, prompt_params) in enumerate(zip(self.prompts, params)):
             choices = self.choices[p * self.plan.n:(p + 1) * self.plan.n]
             try:
-                rid = self.loop.submit(ids, params, self.inbox)
+                rid = self.loop.submit(ids, prompt_params, self.inbox)
             except RuntimeError as e:  # the engine loop is dead
                 self.abort_unfinished()
                 raise BadRequest(str(e), status=503) from None

@@ -13,8 +13,11 @@ inside a step fails only that step's requests. Loading the checkpoint and resolv
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+from typing import Any
 
 from ..config import Config
 from ..outputs import CompletionOutput, RequestOutput
@@ -22,11 +25,24 @@ from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
-from .loading import eos_token_ids, load_hf_config, load_tokenizer, resolve_spec
+from .loading import load_hf_config, load_tokenizer, resolve_spec
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import WorkersFailed
+
+
+def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
+    """The tokens that end a request: config.json's eos_token_id and generation_config.json's (as vLLM)."""
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            sources.append(json.load(f).get("eos_token_id"))
+    for src in sources:
+        ids.update([src] if isinstance(src, int) else (src or []))
+    return frozenset(ids)
 
 
 class LLMEngine:

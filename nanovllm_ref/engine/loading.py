@@ -1,12 +1,11 @@
-"""From a checkpoint folder to what the engine is built from: the HF config, the tokenizer, the EOS ids, and the
-runner's resolved spec (device, dtype, attention backend, lengths, CPU threads).
+"""From a checkpoint folder to what the engine is built from: the HF config, the tokenizer, and the runner's
+resolved spec (device, dtype, attention backend, lengths, CPU threads).
 
-References: transformers AutoConfig / AutoTokenizer; vLLM's generation_config EOS handling.
+References: transformers AutoConfig / AutoTokenizer.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -37,18 +36,6 @@ def load_tokenizer(path: str) -> Any | None:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-
-
-def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    sources = [getattr(hf_config, "eos_token_id", None)]
-    gen_path = os.path.join(path, "generation_config.json")
-    if os.path.isfile(gen_path):
-        with open(gen_path) as f:
-            sources.append(json.load(f).get("eos_token_id"))
-    for src in sources:
-        ids.update([src] if isinstance(src, int) else (src or []))
-    return frozenset(ids)
 
 
 def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:

@@ -127,7 +127,7 @@ def cuda_engine(sampling_model: ModelSpec, options):
         pytest.skip("the GPU variant drives nanovllm_ref; other engines pick their device themselves")
     from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
 
-    adapter = NanovllmRefAdapter(sampling_model.path, DTYPE, device="cuda")
+    adapter = NanovllmRefAdapter(sampling_model.path, DTYPE, device="cuda", **dict(options.engine_args))
     yield adapter
     adapter.close()
 

@@ -1,6 +1,7 @@
 """Sampling goldens: transformers' own logits processors on the golden checkpoints (run only by hand).
 
     python -m golden.make_sampling            # writes golden/sampling/<checkpoint>.<dtype>.json + manifest.json
+    python -m golden.make_sampling NAME ...   # only these checkpoints; the others' files and manifest entries stay
 
 For each checkpoint, dtype (float32, bfloat16) and the first PROMPTS golden prompts of at least 5 tokens:
 - `greedy`: greedy decoding of NUM_NEW_TOKENS tokens (EOS never stops it) under RepetitionPenaltyLogitsProcessor
@@ -71,11 +72,17 @@ def processed(ref: ReferenceSampler, prompt: list[int]) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    names = (sys.argv[1:] if argv is None else argv) or list_checkpoints()
+    unknown = sorted(set(names) - set(list_checkpoints()))
+    if unknown:
+        raise SystemExit(f"unknown golden checkpoints {unknown}; known: {list_checkpoints()}")
     torch.set_num_threads(1)
     SAMPLING_DIR.mkdir(exist_ok=True)
-    files, counts = {}, {}
-    for name in list_checkpoints():
+    files, counts = _kept_entries(names)
+    for name in names:
         prompts = golden_prompts(name)
         for dtype, torch_dtype in DTYPES.items():
             ref = ReferenceSampler(checkpoint_path(name), torch_dtype)
@@ -94,8 +101,24 @@ def main() -> None:
         "settings": {"prompts": f"the first {PROMPTS} golden prompts of >= 5 tokens", "num_new_tokens": NUM_NEW_TOKENS,
                      "top_k": TOP_K, "repetition_penalties": list(REPETITION_PENALTIES), "cuts": list(CUTS),
                      "warpers": WARPERS, "attn_implementation": "eager", "device": "cpu"},
-        "counts": counts, "files": files}
+        "counts": dict(sorted(counts.items())), "files": dict(sorted(files.items()))}
     (SAMPLING_DIR / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _kept_entries(names: list[str]) -> tuple[dict, dict]:
+    """(files: hashes, counts) of the manifest for the checkpoints not regenerated now. They must have been made
+    by the same versions: a partial run under others would leave a manifest that misstates them, so it is refused."""
+    path = SAMPLING_DIR / "manifest.json"
+    if not path.is_file() or set(names) == set(list_checkpoints()):
+        return {}, {}
+    import transformers
+
+    old = json.loads(path.read_text())
+    now = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if any(old["versions"].get(k) != v for k, v in now.items()):
+        raise SystemExit(f"golden/sampling was made with {old['versions']}, this is {now}: regenerate all checkpoints")
+    keep = {f for f in old["files"] if f.split(".")[0] not in names}
+    return ({f: h for f, h in old["files"].items() if f in keep}, {f: c for f, c in old["counts"].items() if f in keep})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The Triton attention backend runs the whole engine (on the CPU through the Triton interpreter) and gives
-the same greedy tokens as the torch reference backend, with prefix hits, chunking and decode mixed."""
+"""The sdpa and Triton attention backends run the whole engine (Triton on the CPU through the Triton interpreter)
+and give the same greedy tokens as the torch reference backend, with prefix hits, chunking and decode mixed."""
 
 from __future__ import annotations
 
@@ -13,19 +13,26 @@ from nanovllm_ref.engine.cuda_graph import capture_sizes
 
 from .conftest import QWEN3, checkpoint_path
 
+_NEEDS_INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                        reason="CPU run needs the Triton interpreter")
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU run needs the Triton interpreter")
-def test_triton_backend_matches_torch_backend():
+
+@pytest.mark.parametrize("backend, passes", [("sdpa", 2), pytest.param("triton", 1, marks=_NEEDS_INTERPRETER)])
+def test_engine_matches_torch_backend(backend, passes):
+    """The whole engine on `backend` against the torch reference backend: the same greedy tokens and logprobs
+    with chunked prefill (24-token steps), prefix hits and decode mixed; a second pass starts from the warm
+    prefix cache (one pass for Triton: the interpreter is slow)."""
     prompts = [[5, 6, 7], [9] * 20, [9] * 20 + [4, 4], list(range(3, 40))]
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
     path = str(checkpoint_path(QWEN3))
     ref = LLM(path, dtype="float32", attention_backend="torch").generate(prompts, params, use_tqdm=False)
-    llm = LLM(path, dtype="float32", attention_backend="triton", max_num_batched_tokens=24, max_num_seqs=3)
-    out = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
-    for a, b in zip(out, ref):
-        for da, db in zip(a.logprobs, b.logprobs):
-            assert max(abs(da[t] - db[t]) for t in db) < 1e-4
+    llm = LLM(path, dtype="float32", attention_backend=backend, max_num_batched_tokens=24, max_num_seqs=3)
+    for _ in range(passes):
+        out = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+        for a, b in zip(out, ref):
+            for da, db in zip(a.logprobs, b.logprobs):
+                assert max(abs(da[t] - db[t]) for t in db) < 1e-4
 
 
 def test_decode_buckets_cover_every_batch_size():
@@ -49,7 +56,7 @@ def test_silu_and_mul_kernel_matches_reference(dtype):
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU run needs the Triton interpreter")
+@_NEEDS_INTERPRETER
 @pytest.mark.parametrize("model", [QWEN3, "qwen2-tiny", "llama3-tiny"])
 def test_fused_qkv_epilogue_matches_torch_backend(monkeypatch, model):
     """The fused q/k-norm + RoPE + KV-store path (CUDA-only in the engine) forced on through the interpreter: the

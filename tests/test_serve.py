@@ -142,6 +142,42 @@ def test_stop_strings_trim_like_vllm(client):
     assert ids.choices[0].finish_reason == "stop" and len(ids.choices[0].model_extra["token_ids"]) == 1
 
 
+def test_n_samples_with_stop_strings_stream_the_engines_texts(client, offline):
+    """The engine's native n: samples that stop (at different tokens) or run to the length, streamed and whole,
+    give the offline engine's texts for the same seed; each choice's pieces add up to its text."""
+    args = dict(model=MODEL, prompt="def main(", max_tokens=12, n=4, temperature=1.0, seed=7, stop=["e", "(("],
+                extra_body={"ignore_eos": True})
+    ref = offline.generate(["def main("], SamplingParams(max_tokens=12, n=4, temperature=1.0, seed=7,
+                                                         stop=["e", "(("], ignore_eos=True), use_tqdm=False)[0]
+    expected = [(o.text, o.finish_reason) for o in ref.outputs]
+    assert {reason for _, reason in expected} == {"stop", "length"} or len({t for t, _ in expected}) > 1
+    whole = client.completions.create(**args)
+    assert [(c.text, c.finish_reason) for c in sorted(whole.choices, key=lambda c: c.index)] == expected
+    chunks = [c.choices[0] for c in client.completions.create(**args, stream=True)]
+    for i, (text, reason) in enumerate(expected):
+        mine = [c for c in chunks if c.index == i]
+        assert "".join(c.text for c in mine) == text and "e" not in text
+        assert [c.finish_reason for c in mine if c.finish_reason] == [reason]
+
+
+def test_skip_special_tokens_is_the_engines(client, offline):
+    """A special token (forced by logit_bias) is in the text only with skip_special_tokens false, served and
+    offline alike; the token ids have it either way."""
+    special = offline.tokenizer.all_special_ids[0]
+    texts = {}
+    for skip in (True, False):
+        r = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=3, temperature=0,
+                                      logit_bias={str(special): 100},
+                                      extra_body={"ignore_eos": True, "skip_special_tokens": skip})
+        params = SamplingParams(max_tokens=3, temperature=0, logit_bias={special: 100}, ignore_eos=True,
+                                skip_special_tokens=skip)
+        ref = offline.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+        assert r.choices[0].model_extra["token_ids"] == ref.token_ids == [special] * 3
+        texts[skip] = r.choices[0].text
+        assert texts[skip] == ref.text
+    assert texts[True] == "" and texts[False] == offline.tokenizer.decode([special] * 3)
+
+
 def test_min_tokens_outlasts_stop_strings_where_the_engine_has_it(client):
     full = client.completions.create(model=MODEL, prompt="def main(", max_tokens=16, **GREEDY).choices[0].text
     args = dict(model=MODEL, prompt="def main(", max_tokens=16, stop=full[5:8], temperature=0)

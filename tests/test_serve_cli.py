@@ -131,7 +131,8 @@ def test_usage_errors_exit_2(capsys, argv):
     assert code == 2 and "usage:" in err
 
 
-LAYERS = ["protocol", "params", "text", "engine_loop", "handlers", "routes", "app", "server", "cli", "__main__"]
+LAYERS = ["chat_template", "protocol", "params", "engine_loop", "handlers", "routes", "app", "server", "cli",
+          "__main__"]
 
 
 def test_the_serving_package_imports_only_downward():

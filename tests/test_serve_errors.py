@@ -96,6 +96,8 @@ BAD_CHATS = {
     "top_logprobs without logprobs": ({"top_logprobs": 2}, "top_logprobs"),
     "top_logprobs 50": ({"logprobs": True, "top_logprobs": 50}, "logprobs"),
     "continue_final_message with a generation prompt": ({"continue_final_message": True}, "continue_final_message"),
+    "min_tokens over the rest of the context": ({"messages": [{"role": "user", "content": "hi " * 237}],  # 505 of
+                                                 "max_tokens": None, "min_tokens": 10}, "min_tokens"),  # 512 tokens
 }
 
 

@@ -1,6 +1,7 @@
-"""The server's incremental detokenizer (serve/text.py) with the golden byte-level BPE tokenizer: streamed text
-never splits a multi-byte UTF-8 character and adds up to the whole decode; stop strings are held back while
-they may be starting, and trimmed like vLLM."""
+"""The server's streamed text (serve/handlers.Choice over the engine's IncrementalDetokenizer) with the golden
+byte-level BPE tokenizer: pieces never split a multi-byte UTF-8 character and add up to the engine's final text;
+a possible stop string is held back while the request runs, and the engine's stop (trimmed like vLLM, min_tokens
+aware) is what the stream ends with."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanovllm_ref.engine.llm_engine import load_tokenizer
-from nanovllm_ref.serve.text import TextStream
+from nanovllm_ref import SamplingParams
+from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
+from nanovllm_ref.engine.loading import load_tokenizer
+from nanovllm_ref.outputs import CompletionOutput, RequestOutput
+from nanovllm_ref.serve.engine_loop import Delta
+from nanovllm_ref.serve.handlers import Choice
 
 from .conftest import QWEN3, checkpoint_path
 
 TEXT = "héllo wörld — ☃ 😀 ok"
+PROMPT = [5, 6, 7]
 
 
 @pytest.fixture(scope="module")
@@ -21,52 +27,71 @@ def tok():
     return load_tokenizer(str(checkpoint_path(QWEN3)))
 
 
+def _choice(tok, params: SamplingParams) -> Choice:
+    return Choice(0, 0, PROMPT, IncrementalDetokenizer.for_request(tok, PROMPT, params))
+
+
+def _engine_output(tok, ids: list[int], params: SamplingParams, text: str | None = None) -> RequestOutput:
+    """What the engine returns for output `ids` (its text as the engine makes it, unless `text` is given)."""
+    if text is None:
+        detok = IncrementalDetokenizer.for_request(tok, PROMPT, params)
+        for i, token in enumerate(ids):
+            if detok.add([token], check_stop=i + 1 >= params.min_tokens):
+                ids = ids[: i + 1]
+                break
+        text = detok.finish() if params.stop else tok.decode(ids, skip_special_tokens=True)
+    sample = CompletionOutput(0, list(ids), text, "stop" if params.stop else "length")
+    return RequestOutput("r", PROMPT, list(ids), text, sample.finish_reason, outputs=[sample])
+
+
+def _stream(tok, ids: list[int], params: SamplingParams, chunk: int = 1, sent: int | None = None) -> list[str]:
+    """The pieces a choice streams when the engine delivers ids[:sent] in Deltas of `chunk` tokens, then ends."""
+    choice, sent = _choice(tok, params), len(ids) if sent is None else sent
+    pieces = [choice.absorb(Delta(0, ids[i:min(i + chunk, sent)], None)) for i in range(0, sent, chunk)]
+    pieces.append(choice.absorb(_engine_output(tok, ids, params)))
+    assert "".join(pieces) == choice.text and choice.finish_reason is not None
+    return pieces
+
+
 def test_multibyte_characters_split_across_tokens_are_never_split_in_the_stream(tok):
     ids = tok.encode(TEXT)
     assert any(tok.decode([i]) == "\ufffd" for i in ids)  # the fixture does split characters into byte tokens
-    stream = TextStream(tok)
-    deltas = [stream.add([i]) for i in ids] + [stream.finish()]
-    assert all("\ufffd" not in d for d in deltas)
-    assert "".join(deltas) == TEXT == stream.text
+    pieces = _stream(tok, ids, SamplingParams())
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == TEXT
 
 
 @given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=30),
        st.integers(1, 4))
 def test_any_text_streams_back_whole_in_any_chunking(tok, text, chunk):
     ids = tok.encode(text)
-    stream = TextStream(tok)
-    deltas = [stream.add(ids[i:i + chunk]) for i in range(0, len(ids), chunk)] + [stream.finish()]
-    assert "".join(deltas) == tok.decode(ids)
-    assert all("\ufffd" not in d for d in deltas) or "\ufffd" in tok.decode(ids)
+    pieces = _stream(tok, ids, SamplingParams(), chunk)
+    assert "".join(pieces) == tok.decode(ids)
+    assert all("\ufffd" not in p for p in pieces) or "\ufffd" in tok.decode(ids)
 
 
-def test_stop_strings_are_held_back_then_trimmed(tok):
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_is_held_back_then_the_engine_trims_it(tok, include):
     ids = tok.encode("import os\nimport sys\n")
-    stream = TextStream(tok, stop=("sys",))
-    out = ""
-    for i in ids:
-        out += stream.add([i])
-        assert "s" not in out[len("import os\nimport "):]  # not even the stop's first letter is shown early
-    out += stream.finish()
-    assert out == "import os\nimport " and stream.stopped
-    assert stream.ids == ids[:len(stream.ids)] and tok.decode(stream.ids).endswith("sys")
-    kept = TextStream(tok, stop=("sys", "os\n"), include_stop=True)
-    assert kept.add(ids) + kept.finish() == "import os\n"  # the earliest stop wins, kept in the text
+    params = SamplingParams(stop=("sys",), include_stop_str_in_output=include)
+    stop_token = next(i for i in range(len(ids)) if tok.decode(ids[: i + 1]).endswith("sys"))
+    pieces = _stream(tok, ids, params, sent=stop_token)  # the engine finishes the request in the stop's step
+    assert "s" not in "".join(pieces[:-1])[len("import os\nimport "):]  # not even the stop's first letter early
+    assert "".join(pieces) == "import os\nimport " + ("sys" if include else "")
 
 
-def test_text_that_only_looks_like_a_stop_start_is_released(tok):
-    stream = TextStream(tok, stop=("STOP",))
-    held = stream.add(tok.encode("abc ST"))
-    assert held == "abc " and not stream.stopped
-    assert stream.add(tok.encode("ART")) == "START" and stream.finish() == ""
+def test_held_back_text_that_is_no_stop_is_released(tok):
+    ids = tok.encode("abc START")
+    params = SamplingParams(stop=("STOP",))
+    choice = _choice(tok, params)
+    early = "".join(choice.absorb(Delta(0, [t], None)) for t in ids)
+    assert "abc START".startswith(early) and len(early) >= len("abc START") - 3  # at most len("STOP") - 1 held
+    assert early + choice.absorb(_engine_output(tok, ids, params)) == "abc START"
 
 
-def test_with_the_engine_applying_stop_strings_the_stream_only_holds_back_then_settles(tok):
+def test_min_tokens_lets_an_early_stop_string_pass_and_the_stream_ends_at_the_engines(tok):
     ids = tok.encode("import sys\nimport os\nimport sys")  # ... 'import', ' sys'
-    stream = TextStream(tok, stop=("rt sys",), detect=False)  # e.g. min_tokens: the engine went past the first
-    sent = stream.add(ids[:-1])
-    assert sent == "import sys\nimport os\nimpo" and not stream.stopped  # "rt" may begin the stop: held back
-    engine_text = "import sys\nimport os\nimpo"  # the engine stopped at the second "rt sys"
-    assert stream.settle(ids[-1:], engine_text) == "" and stream.text == engine_text and stream.ids == ids
-    kept = TextStream(tok, stop=("rt sys",), detect=False)
-    assert kept.add(ids[:-1]) + kept.settle(ids[-1:], engine_text + "rt sys") == engine_text + "rt sys"
+    params = SamplingParams(stop=("rt sys",), min_tokens=len(ids) - 1)
+    pieces = _stream(tok, ids, params, sent=len(ids) - 1)
+    assert "".join(pieces[:-1]).startswith("import sys\nimport os\n")  # the first "rt sys" was streamed
+    assert "".join(pieces) == "import sys\nimport os\nimpo"  # the engine stopped at the second

@@ -6,20 +6,25 @@ in U+FFFD (a multi-byte character whose bytes are not all there yet), so no char
 strings are searched in the text that the new piece may complete (a stop string may span tokens); the text is
 cut before the stop string (after it with include_stop_str_in_output). `stream()` hands out text that can no
 longer be cut, holding back the last len(longest stop) - 1 characters until the request finishes, so the
-streamed pieces always concatenate to the final text. Reference: vLLM vllm/transformers_utils/detokenizer_utils.py.
+streamed pieces always concatenate to the final text. The engine keeps one per sequence with stop strings; the
+server keeps one per streamed choice (`for_request`: the same text as the engine's), fed without the stop check
+(the engine ends the request at its stop string). Reference: vLLM vllm/transformers_utils/detokenizer_utils.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..sampling_params import SamplingParams
+
 _CONTEXT = 5  # prompt tokens decoded before the output, for tokenizers whose decoding depends on the left
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...] = (),
-                 include_stop_str_in_output: bool = False) -> None:
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop_str_in_output
+        self.skip_special_tokens = skip_special_tokens
         self.tokens = list(prompt_ids[-_CONTEXT:])
         self.prefix_offset, self.read_offset = 0, len(self.tokens)
         self.num_fed = 0  # output tokens fed
@@ -28,8 +33,15 @@ class IncrementalDetokenizer:
         self.streamed = 0
         self.stopped = False
 
+    @classmethod
+    def for_request(cls, tokenizer: Any, prompt_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
+        """The detokenizer whose text is the engine's output text for `params`: with stop strings decoded with the
+        prompt's last tokens as context (as vLLM); without, from the output alone (as the engine's whole decode)."""
+        return cls(tokenizer, prompt_ids if params.stop else [], params.stop, params.include_stop_str_in_output,
+                   params.skip_special_tokens)
+
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if self.tokenizer else ""
 
     def add(self, token_ids: list[int], check_stop: bool = True) -> str | None:
         """Feed output tokens; returns the stop string that ended the text (nothing is added after it), or None."""

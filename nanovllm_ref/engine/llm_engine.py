@@ -5,61 +5,35 @@ scheduled and launched before the current one's tokens are read back (`_step_asy
 scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
 SGLang's overlap scheduler).
 
-Bad input raises before any state changes (every integer field range-checked: seeds to 64 bits, token ids and
-top_k to the vocabulary); a failing request (non-finite logits) is finished with an error while the others go
-on; an exception inside a step fails only that step's requests; a request that can never fit is refused when
-added.
+Bad input raises before any state changes (SamplingParams range-checks its fields when it is made, seeds to
+64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
+cache); a failing request (non-finite logits) is finished with an error while the others go on; an exception
+inside a step fails only that step's requests. Loading the checkpoint and resolving the runner: loading.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import random
 from typing import Any
 
-import torch
-
 from ..config import Config
-from ..models import check_sliding_window
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
-from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
+from .loading import load_hf_config, load_tokenizer, resolve_spec
+from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import WorkersFailed
 
-_INT64 = range(-(2**63), 2**63)  # what the sampler's int64 tensors hold
-_SEEDS = range(-(2**63), 2**64)  # signed or unsigned 64-bit
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_hf_config(path: str) -> Any:
-    from transformers import AutoConfig
-
-    if not os.path.isdir(path):
-        raise ValueError(f"model path {path!r} does not exist or is not a folder")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"model folder {path!r} has no config.json")
-    return AutoConfig.from_pretrained(path, trust_remote_code=False)
-
-
-def load_tokenizer(path: str) -> Any | None:
-    """The checkpoint's tokenizer, or None if it ships none (token-id prompts still work)."""
-    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-
 
 def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
+    """The tokens that end a request: config.json's eos_token_id and generation_config.json's (as vLLM)."""
     ids: set[int] = set()
     sources = [getattr(hf_config, "eos_token_id", None)]
     gen_path = os.path.join(path, "generation_config.json")
@@ -69,63 +43,6 @@ def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
     for src in sources:
         ids.update([src] if isinstance(src, int) else (src or []))
     return frozenset(ids)
-
-
-def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
-    from ..attention import resolve_backend_name
-
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU")
-    if config.dtype != "auto":
-        dtype = _DTYPES[config.dtype]
-    elif device == "cpu":
-        dtype = torch.float32
-    else:
-        ckpt = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
-        dtype = ckpt if ckpt in (torch.bfloat16, torch.float16) else torch.bfloat16
-    max_pos = hf_config.max_position_embeddings
-    max_model_len = config.max_model_len or max_pos
-    if max_model_len > max_pos:
-        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_pos}")
-    check_sliding_window(hf_config, max_model_len)
-    return RunnerSpec(
-        model_path=config.model, device=device, dtype=dtype,
-        backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
-        block_size=config.kvcache_block_size,
-        max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
-        kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
-        enforce_eager=config.enforce_eager, load_format=config.load_format,
-        cpu_threads=config.cpu_threads or auto_cpu_threads(hf_config.hidden_size, config.tensor_parallel_size),
-    )
-
-
-def check_param_ranges(params: SamplingParams, vocab_size: int) -> None:
-    """Integers the sampler puts in int64 tensors must fit there (a seed may also be an unsigned 64-bit value:
-    it is reduced to int64 when the request is added); token ids and top_k must be inside the vocabulary."""
-    for f in dataclasses.fields(params):
-        value = getattr(params, f.name)
-        span = _SEEDS if f.name == "seed" else _INT64
-        if isinstance(value, int) and not isinstance(value, bool) and value not in span:
-            raise ValueError(f"{f.name} must be an int in [{span.start}, {span.stop - 1}], got {value}")
-    if params.top_k > vocab_size:
-        raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (or -1/0 to disable), got {params.top_k}")
-    for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):  # token ids (some fields are the sampling
-        ids = getattr(params, name, None) or ()  # issue's): a dict's keys, or the first of (id, value) pairs
-        ids = ids.keys() if isinstance(ids, dict) else [t[0] if isinstance(t, (tuple, list)) else t for t in ids]
-        bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
-        if bad is not None:
-            raise ValueError(f"{name} has token id {bad!r}, outside the vocabulary [0, {vocab_size})")
-
-
-def auto_cpu_threads(hidden_size: int, tp: int) -> int:
-    """OMP_NUM_THREADS or the usable cores, shared by the TP ranks, and no more than hidden_size // 256."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or usable
-    return max(1, min(cores // tp, hidden_size // 256))
 
 
 class LLMEngine:
@@ -174,7 +91,7 @@ class LLMEngine:
         """The prompt's token ids; raises ValueError/TypeError for anything the engine cannot serve."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        check_param_ranges(params, self.vocab_size)
+        params.check_model_limits(self.vocab_size, self.tokenizer is not None)  # (ranges: SamplingParams itself)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompt given but the checkpoint has no tokenizer files; pass token ids")
@@ -191,7 +108,6 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
-        params.check_model_limits(self.vocab_size, self.tokenizer is not None)
         return token_ids
 
     def add_request(
@@ -212,8 +128,7 @@ class LLMEngine:
             seed = (base + i + 2**63) % 2**64 - 2**63  # 64-bit seeds (signed or not) as the sampler's int64
             seq = Sequence(request_id, token_ids, params, seed)
             if params.stop:
-                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
-                                                         params.include_stop_str_in_output)
+                seq.detokenizer = IncrementalDetokenizer.for_request(self.tokenizer, token_ids, params)
                 self._with_stop_strings[seq.seq_id] = seq
             if seqs:
                 seq.prefill_after, seq.group = seqs[0], seqs
@@ -376,7 +291,9 @@ class LLMEngine:
         if seq.detokenizer is not None:
             seq.detokenizer.add(seq.output_token_ids[seq.detokenizer.num_fed :], check_stop=False)
             return seq.detokenizer.finish()
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""

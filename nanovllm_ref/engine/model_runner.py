@@ -132,9 +132,13 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats()
         self._warmup()
         free, total = torch.cuda.mem_get_info()
-        used_by_others = total - free - torch.cuda.memory_reserved()
-        budget = total * self.spec.gpu_memory_utilization - used_by_others - torch.cuda.max_memory_allocated()
-        return int(budget) // self._block_bytes()
+        peak = torch.cuda.max_memory_allocated()
+        # vLLM's meaning: this engine's share of the GPU, whatever other processes hold (engines side by side, as
+        # the conformance runs start them, each get theirs) ...
+        share = total * self.spec.gpu_memory_utilization - peak
+        # ... but never more than is there: free memory plus what this process's allocator holds unused
+        there = free + torch.cuda.memory_reserved() - peak
+        return int(min(share, there)) // self._block_bytes()
 
     @torch.inference_mode()
     def _warmup(self) -> None:

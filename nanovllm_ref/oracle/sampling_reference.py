@@ -62,7 +62,7 @@ def process(logits: torch.Tensor, prompt: list[int], history: list[int], params:
     scores = logits.float().clone()[None]  # (1, vocab)
     bias = params.get("logit_bias")
     if bias:
-        scores = lp.SequenceBiasLogitsProcessor([[[int(t)], float(b)] for t, b in bias.items()])(ids, scores)
+        scores = lp.SequenceBiasLogitsProcessor({(int(t),): float(b) for t, b in bias.items()})(ids, scores)
     rep = float(params.get("repetition_penalty", 1.0))
     if rep != 1.0:
         scores = lp.RepetitionPenaltyLogitsProcessor(rep)(ids, scores)

@@ -88,8 +88,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from ..engine.detokenizer import IncrementalDetokenizer
     from ..llm import LLM
-    from .text import TextStream, read_chat_template
+    from .chat_template import read_chat_template
 
     template = read_chat_template(args.chat_template)
     with LLM(args.model, **engine_kwargs(args)) as llm:
@@ -101,15 +102,15 @@ def _chat(args: argparse.Namespace) -> int:
         while (line := _read("you> ")):
             messages.append({"role": "user", "content": line})
             text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
-            rid, stream = llm.add_request(tok.encode(text, add_special_tokens=False), _sampling(args)), TextStream(tok)
+            ids, params = tok.encode(text, add_special_tokens=False), _sampling(args)
+            rid, detok, shown = llm.add_request(ids, params), IncrementalDetokenizer.for_request(tok, ids, params), ""
             print("assistant> ", end="", flush=True)
-            while llm.has_unfinished():
-                finished = llm.step()
-                seq = llm.engine.requests.get(rid)
-                new = finished[0].token_ids if finished else seq.output_token_ids
-                print(stream.add(new[len(stream.ids):]), end="", flush=True)
-            print(stream.finish(), flush=True)
-            messages.append({"role": "assistant", "content": stream.text})
+            while not (finished := llm.step()):  # one request: the step that finishes it returns it
+                detok.add(llm.engine.requests[rid].output_token_ids[detok.num_fed:])
+                shown += (piece := detok.stream())
+                print(piece, end="", flush=True)
+            print(finished[0].text[len(shown):], flush=True)  # the engine's text: `shown` is a prefix of it
+            messages.append({"role": "assistant", "content": finished[0].text})
     return 0
 
 

@@ -2,9 +2,11 @@
 
 Commands (add, abort) go in through a thread-safe queue and are applied between steps, so an abort lands before
 the next step: a request whose client went away consumes at most the step already running. After each step,
-every request with new tokens gets a `Delta` (tokens and their logprobs) on its asyncio queue, and a finished
-one its `RequestOutput`. An exception that escapes a step (the engine already fails just the requests of a step
-that raises) ends the loop: every waiting request gets the error and `/health` turns 503.
+every unfinished sample (of a request's n) with new tokens gets a `Delta` (its index, tokens and their
+logprobs) on the request's asyncio queue, and a finished request its `RequestOutput` (all n samples; a sample
+that finished earlier gets its last tokens there, after its stop string was applied). An exception that
+escapes a step (the engine already fails just the requests of a step that raises) ends the loop: every waiting
+request gets the error and `/health` turns 503.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Delta:
+    index: int  # the sample (of n)
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
     prompt_logprobs: list[dict[int, float] | None] | None = None  # with the first delta (the prompt is done)
@@ -41,7 +44,8 @@ class _Stream:
     __slots__ = ("rid", "inbox", "loop", "sent")
 
     def __init__(self, rid: str, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
-        self.rid, self.inbox, self.loop, self.sent = rid, inbox, loop, 0
+        self.rid, self.inbox, self.loop = rid, inbox, loop
+        self.sent: list[int] = []  # output tokens already put, per sample
 
     def put(self, item: object) -> None:
         try:
@@ -134,17 +138,23 @@ class EngineLoop(threading.Thread):
         except (ValueError, TypeError) as e:
             stream.put(Failed(str(e)))
             return
+        stream.sent = [0] * params.n
         self._streams[rid] = stream
 
     def _deliver(self, finished: list[RequestOutput]) -> None:
         live = self.llm.engine.requests
         for rid, stream in self._streams.items():
-            seq = live.get(rid)
-            if seq is not None and seq.num_output_tokens > stream.sent:
-                logprobs = None if seq.logprobs is None else seq.logprobs[stream.sent:seq.num_output_tokens]
-                prompt_logprobs = seq.prompt_logprobs if stream.sent == 0 else None
-                stream.put(Delta(seq.output_token_ids[stream.sent:], logprobs, prompt_logprobs))
-                stream.sent = seq.num_output_tokens
+            lead = live.get(rid)
+            if lead is None:
+                continue
+            for i, seq in enumerate(lead.group or [lead]):
+                sent = stream.sent[i]
+                if seq.is_finished or seq.num_output_tokens == sent:  # (finished: its RequestOutput tells the rest)
+                    continue
+                logprobs = None if seq.logprobs is None else seq.logprobs[sent:seq.num_output_tokens]
+                prompt_logprobs = lead.prompt_logprobs if sent == 0 else None
+                stream.put(Delta(i, seq.output_token_ids[sent:], logprobs, prompt_logprobs))
+                stream.sent[i] = seq.num_output_tokens
         for out in finished:
             stream = self._streams.pop(out.request_id, None)
             if stream is not None:

@@ -1,9 +1,12 @@
 """Completions and chat completions: prompts in, choices out (whole responses or server-sent event streams).
 
-Each choice is one engine request; a response's choices share one asyncio queue that the engine loop fills.
-A client that disconnects gets its requests aborted before the engine's next step (streams: when the event
-generator is cancelled; whole responses: a watcher on the connection). Response shapes follow the OpenAI API
-and vLLM's extensions (`token_ids` and `prompt_logprobs` on completion choices).
+Each prompt is one engine request with the request's `n` (the engine's samples share the prompt's blocks; sample
+i of a seeded request samples with seed + i); a response's requests share one asyncio queue that the engine loop
+fills. Each choice streams its text through the engine's `IncrementalDetokenizer` (never a split character, a
+possible stop string held back) and ends with the engine's own text, which applied the stop strings. A client
+that disconnects gets its requests aborted before the engine's next step (streams: when the event generator is
+cancelled; whole responses: a watcher on the connection). Response shapes follow the OpenAI API and vLLM's
+extensions (`token_ids` and `prompt_logprobs` on completion choices).
 """
 
 from __future__ import annotations
@@ -11,25 +14,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.detokenizer import IncrementalDetokenizer
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .engine_loop import Delta, EngineLoop, Failed
 from .params import SAMPLING_FIELDS, BadRequest, RequestPlan
-from .text import TextStream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Choice:
     index: int
+    sample: int  # which of its engine request's n samples
     prompt_ids: list[int]
-    text: TextStream
+    detok: IncrementalDetokenizer
     rid: str = ""
+    text: str = ""  # sent so far (all of it once finished)
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finish_reason: str | None = None
@@ -37,81 +46,81 @@ class Choice:
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served
     sent_tokens: int = 0  # tokens already shown in a stream chunk
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.text.ids
-
-    def absorb(self, item: Delta | RequestOutput | Failed, loop: EngineLoop) -> str:
+    def absorb(self, item: Delta | RequestOutput | Failed) -> str:
         """Apply one engine item; returns the new text. Sets finish_reason when the choice is done."""
         if isinstance(item, Failed):
             self.error, self.finish_reason = item.message, "error"
             return ""
-        new = item.token_ids if isinstance(item, Delta) else item.token_ids[len(self.text.ids):]
-        if item.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + list(item.logprobs[-len(new):] if new else [])
-        if isinstance(item, RequestOutput) and item.finish_reason == "stop" and not self.text.detect:
-            self.finish_reason, self.num_cached_tokens = "stop", item.num_cached_tokens
-            return self.text.settle(new, item.text)  # the engine stopped on a stop string (or a stop token)
-        text = self.text.add(new)
         if item.prompt_logprobs is not None:
             self.prompt_logprobs = item.prompt_logprobs
-        if isinstance(item, RequestOutput):
-            self.num_cached_tokens = item.num_cached_tokens
-            if item.finish_reason == "error":
-                self.error = item.error or "the engine failed this request"
-            self.finish_reason = "stop" if self.text.stopped else item.finish_reason
-            return text + self.text.finish()
-        if self.text.stopped:  # a stop string the engine does not know about: the server ends the request
-            loop.abort(self.rid)
-            self.finish_reason = "stop"
-            return text + self.text.finish()
-        return text
+        if isinstance(item, Delta):
+            self.token_ids += item.token_ids
+            if item.logprobs is not None:
+                self.logprobs = (self.logprobs or []) + item.logprobs
+            self.detok.add(item.token_ids, check_stop=False)  # (the engine applies the stop strings)
+            return self._send(self.detok.stream())
+        out = item.outputs[self.sample]
+        self.detok.add(out.token_ids[len(self.token_ids):], check_stop=False)
+        self.token_ids, self.logprobs = list(out.token_ids), out.logprobs
+        self.num_cached_tokens, self.finish_reason = item.num_cached_tokens, out.finish_reason
+        if out.finish_reason == "error":
+            self.error = out.error or item.error or "the engine failed this request"
+        if out.text.startswith(self.text):  # what was sent could not be cut by a stop string: always so
+            return self._send(out.text[len(self.text):])
+        log.warning("choice %d: the engine's text does not extend the streamed text; ending with the stream's own",
+                    self.index)
+        return self._send(self.detok.finish()[len(self.text):])
+
+    def _send(self, piece: str) -> str:
+        self.text += piece
+        return piece
 
     def finished_logprobs(self) -> list[dict[int, float]] | None:
-        return None if self.logprobs is None else self.logprobs[: len(self.text.ids)]
+        return None if self.logprobs is None else self.logprobs[: len(self.token_ids)]
 
 
 class Generation:
-    """The engine requests of one HTTP request."""
+    """The engine requests of one HTTP request: one per prompt, with the request's n samples."""
 
     def __init__(self, loop: EngineLoop, tokenizer: Any, plan: RequestPlan, prompts: list[list[int]]) -> None:
         self.loop, self.plan, self.prompts = loop, plan, prompts
         self.inbox: asyncio.Queue = asyncio.Queue()
-        engine_stops = "stop" in SAMPLING_FIELDS  # then the engine ends requests on stop strings, min_tokens aware
-        self.choices = [Choice(p * plan.n + i, ids, TextStream(tokenizer, plan.stop, plan.include_stop_str,
-                                                                plan.skip_special_tokens, detect=not engine_stops))
+        self.choices = [Choice(p * plan.n + i, i, ids, IncrementalDetokenizer.for_request(tokenizer, ids, plan.params))
                         for p, ids in enumerate(prompts) for i in range(plan.n)]
-        self.by_rid: dict[str, Choice] = {}
+        self.by_rid: dict[str, list[Choice]] = {}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def params(self, prompt_ids: list[int], i: int) -> SamplingParams:
-        params = self.plan.choice_params(i)
-        if self.plan.fill_max_tokens:
-            max_len = self.loop.llm.engine.spec.max_model_len
-            params = dataclasses.replace(params, max_tokens=max(1, max_len - len(prompt_ids)))
-        return params
+    def params(self, prompt_ids: list[int]) -> SamplingParams:
+        if not self.plan.fill_max_tokens:
+            return self.plan.params
+        max_len = self.loop.llm.engine.spec.max_model_len
+        return dataclasses.replace(self.plan.params, max_tokens=max(1, max_len - len(prompt_ids)))
 
     def start(self) -> None:
         """Validate every request (BadRequest names the problem), then submit them all."""
+        params = []
         for ids in self.prompts:
             try:
-                self.loop.validate(ids, self.params(ids, 0))
+                params.append(self.params(ids))
+                self.loop.validate(ids, params[-1])
             except (ValueError, TypeError) as e:  # the engine's messages begin with the field's name
                 name = str(e).split(" ", 1)[0].split("=")[0].rstrip(":")
                 raise BadRequest(str(e), name if name in SAMPLING_FIELDS else "prompt") from None
-        for choice in self.choices:
-            params = self.params(choice.prompt_ids, choice.index % self.plan.n)
+        for p, (ids, prompt_params) in enumerate(zip(self.prompts, params)):
+            choices = self.choices[p * self.plan.n:(p + 1) * self.plan.n]
             try:
-                choice.rid = self.loop.submit(choice.prompt_ids, params, self.inbox)
+                rid = self.loop.submit(ids, prompt_params, self.inbox)
             except RuntimeError as e:  # the engine loop is dead
                 self.abort_unfinished()
                 raise BadRequest(str(e), status=503) from None
-            self.by_rid[choice.rid] = choice
+            for choice in choices:
+                choice.rid = rid
+            self.by_rid[rid] = choices
 
     def abort_unfinished(self) -> None:
-        for choice in self.choices:
-            if choice.finish_reason is None and choice.rid:
-                self.loop.abort(choice.rid)
+        for rid, choices in self.by_rid.items():
+            if any(c.finish_reason is None for c in choices):
+                self.loop.abort(rid)
 
     @property
     def done(self) -> bool:
@@ -121,9 +130,10 @@ class Generation:
         """(choice, new text) as engine items arrive, until every choice is finished."""
         while not self.done:
             rid, item = await self.inbox.get()
-            choice = self.by_rid[rid]
-            if choice.finish_reason is None:
-                yield choice, choice.absorb(item, self.loop)
+            choices = self.by_rid[rid]
+            for choice in [choices[item.index]] if isinstance(item, Delta) else choices:
+                if choice.finish_reason is None:
+                    yield choice, choice.absorb(item)
 
     def usage(self) -> dict[str, Any]:
         """Prompts count once each (not once per choice), as in vLLM; cached: the first choice's of each."""

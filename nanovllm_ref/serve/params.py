@@ -4,16 +4,15 @@ Parameters map onto `SamplingParams` by their vLLM names. One that `dataclasses.
 refused with a 400 naming it, unless its value is the neutral one (e.g. `presence_penalty: 0`), which is honoured
 trivially: so a feature added to the engine is served without an edit here, and none is ever silently ignored.
 
-The server's own part (`RequestPlan`): `n` choices are `n` engine requests (submitted together, each computes
-the prompt; choice i of a seeded request samples with seed + i, as the sampling engine's own `n` does); stop
-strings are watched over the detokenized text (the engine also gets them when `SamplingParams` has `stop`, and
-then ends the request itself; otherwise the server aborts it); `echo` prepends the prompt (and its logprobs);
-usage chunks in streams.
+The server's own part (`RequestPlan`): `echo` prepends the prompt (and its logprobs); usage chunks in streams;
+chat without max_tokens fills the context. `n`, stop strings and the text (`skip_special_tokens`) are the
+engine's (`SamplingParams`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 # values that leave sampling unchanged: accepted even where the engine lacks the feature
 NEUTRAL: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                            "min_p": 0.0, "min_tokens": 0, "logit_bias": {}}
-MAX_N = 64  # choices per request (each is an engine request)
+MAX_N = 64  # choices per request (the engine allows more; a server bounds the work one request asks for)
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range; larger values are clipped, as vLLM does
 
 
@@ -38,21 +37,16 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class RequestPlan:
-    params: SamplingParams  # for choice 0 (`choice_params(i)` for the others)
-    n: int
-    stop: tuple[str, ...]
-    include_stop_str: bool
+    params: SamplingParams  # n samples per prompt
     echo: bool
     tokens_as_ids: bool
-    skip_special_tokens: bool
     usage_in_stream: bool
     usage_every_chunk: bool
     fill_max_tokens: bool  # chat without max_tokens: the rest of the context, as vLLM does
 
-    def choice_params(self, i: int) -> SamplingParams:
-        if i == 0 or self.params.seed is None:
-            return self.params
-        return dataclasses.replace(self.params, seed=(self.params.seed + i + 2**63) % 2**64 - 2**63)
+    @property
+    def n(self) -> int:
+        return self.params.n
 
 
 def _engine_feature(kwargs: dict, name: str, value: Any) -> None:
@@ -70,13 +64,6 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
         return {int(k): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))) for k, v in raw.items()}
     except ValueError:
         raise BadRequest("logit_bias: keys must be token ids (integers as strings)", "logit_bias") from None
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if any(not s for s in stops):
-        raise BadRequest("stop: stop strings must be non-empty", "stop")
-    return stops
 
 
 def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
@@ -109,25 +96,21 @@ def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
         _engine_feature(kwargs, name, getattr(req, name))
     _engine_feature(kwargs, "logit_bias", _logit_bias(req.logit_bias))
-    stops = _stops(req.stop)
-    if stops and "stop" in SAMPLING_FIELDS:
-        kwargs["stop"] = list(stops)
-        if "include_stop_str_in_output" in SAMPLING_FIELDS:
-            kwargs["include_stop_str_in_output"] = req.include_stop_str_in_output
+    kwargs.update(stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output,
+                  skip_special_tokens=req.skip_special_tokens)
     if not 1 <= req.n <= MAX_N:
         raise BadRequest(f"n must be in [1, {MAX_N}], got {req.n}", "n")
+    kwargs["n"] = req.n
     if req.stream_options is not None and not req.stream:
         raise BadRequest("stream_options: only with stream=true", "stream_options")
     try:
         params = SamplingParams(**kwargs)
     except (ValueError, TypeError) as e:
-        name = next((k for k in kwargs if str(e).startswith(k)), None)
-        raise BadRequest(str(e), name) from None
+        name = re.match(r"\w*", str(e)).group()  # SamplingParams' messages begin with the field's name
+        raise BadRequest(str(e), name if name in kwargs else None) from None
     options = req.stream_options or None
     return RequestPlan(
-        params=params, n=req.n, stop=stops, include_stop_str=req.include_stop_str_in_output,
-        echo=(not chat) and req.echo, tokens_as_ids=req.return_tokens_as_token_ids,
-        skip_special_tokens=req.skip_special_tokens,
+        params=params, echo=(not chat) and req.echo, tokens_as_ids=req.return_tokens_as_token_ids,
         usage_in_stream=bool(options and (options.include_usage or options.continuous_usage_stats)),
         usage_every_chunk=bool(options and options.continuous_usage_stats),
         fill_max_tokens=chat and max_tokens is None,

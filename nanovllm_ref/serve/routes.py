@@ -98,7 +98,7 @@ async def completions(served: Served, req: CompletionRequest, receive: Any) -> A
     if not req.stream:
         await run_to_end(gen, receive)
         gen.raise_if_failed()
-        choices = [{"index": c.index, "text": (prompt_texts[c.index // plan.n] if plan.echo else "") + c.text.text,
+        choices = [{"index": c.index, "text": (prompt_texts[c.index // plan.n] if plan.echo else "") + c.text,
                     "logprobs": _completion_logprobs(served, c, as_ids, plan.echo), "finish_reason": c.finish_reason,
                     "token_ids": c.token_ids,
                     **({"prompt_logprobs": _prompt_logprobs(c)} if c.prompt_logprobs is not None else {})}
@@ -161,7 +161,7 @@ async def chat_completions(served: Served, req: ChatCompletionRequest, receive: 
     if not req.stream:
         await run_to_end(gen, receive)
         gen.raise_if_failed()
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text.text},
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": _chat_logprobs(served, c, 0, top), "finish_reason": c.finish_reason}
                    for c in gen.choices]
         return {"id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,

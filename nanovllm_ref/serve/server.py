@@ -15,12 +15,12 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine.llm_engine import load_tokenizer
+from ..engine.loading import load_tokenizer
 from ..llm import LLM
 from .app import build_app
+from .chat_template import read_chat_template
 from .engine_loop import EngineLoop
 from .routes import Served
-from .text import read_chat_template
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,11 @@ def _scaled(x: torch.Tensor, magnitude: float) -> torch.Tensor:
 
 def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, factor: float = 1.0) -> None:
     assert out.shape == ref.shape and out.dtype == ref.dtype, (out.shape, out.dtype, ref.shape, ref.dtype)
-    assert out.isfinite().all() == ref.isfinite().all(), "non-finite outputs where the reference has none"
-    err = relative_error(out, ref)
+    finite = ref.isfinite()
+    assert torch.equal(out.isfinite(), finite), "non-finite outputs where the reference is finite, or the reverse"
+    # where the reference overflows (its dtype's range), the same inf: a difference there would read as NaN
+    torch.testing.assert_close(out[~finite], ref[~finite], rtol=0, atol=0, equal_nan=True)
+    err = relative_error(out[finite], ref[finite])
     assert err < RELATIVE_TOLERANCE[dtype] * factor, f"relative error {err:.3g}"
 
 
@@ -153,6 +156,8 @@ def _silu_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tupl
     dtype = draw(st.sampled_from(list(dtypes)))
     d = draw(st.sampled_from([24, 100, 512] if size == "small" else [768, 3072, 14336]))
     tokens = draw(st.integers(1, 5 if size == "small" else 300))
+    if dtype == torch.float16:  # silu(x) * y of two x 1e2 inputs leaves fp16's range (6.5e4): both sides read inf
+        magnitude = min(magnitude, 10.0)
     gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
     return ((torch.randn(tokens, 2 * d, generator=gen, device=device) * magnitude).to(dtype),)
 

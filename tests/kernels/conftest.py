@@ -22,6 +22,24 @@ import torch  # noqa: E402
 # Hypothesis profiles come from the repo-root conftest (HYPOTHESIS_PROFILE=ci|dev|thorough).
 
 ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+# bfloat16 only on the GPU: the interpreter truncates float32 -> bfloat16 instead of rounding to nearest
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+MAX_POSITION = 4096
+
+
+def rope_inputs(head_dim: int, tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A RoPE cos/sin cache (Qwen's base 1e6, MAX_POSITION positions) and `tokens` random positions into it."""
+    from nanovllm_ref.kernels.rotary import rope_cos_sin_cache
+
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
+    positions = torch.randint(0, MAX_POSITION, (tokens,), generator=gen, device=DEVICE)
+    return rope_cos_sin_cache(inv_freq, MAX_POSITION), positions
+
+
+def norm_weight(size: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """An RMSNorm weight near 1, as trained checkpoints have."""
+    return (1 + 0.1 * torch.randn(size, generator=gen, device=DEVICE)).to(dtype)
 
 
 @pytest.fixture(scope="session")

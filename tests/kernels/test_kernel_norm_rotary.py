@@ -13,12 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm_ref.kernels.rmsnorm import rms_norm, rms_norm_reference
-from nanovllm_ref.kernels.rotary import apply_rotary, apply_rotary_reference, rope_cos_sin_cache
+from nanovllm_ref.kernels.rotary import apply_rotary, apply_rotary_reference
 from nanovllm_ref.testing import RELATIVE_TOLERANCE, relative_error
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+from .conftest import DEVICE, DTYPES, ON_GPU, norm_weight, rope_inputs
 
 
 @settings(max_examples=30 if ON_GPU else 15)
@@ -34,7 +32,7 @@ def test_rms_norm(tokens, hidden, dtype, weight_fp32, with_residual, seed):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(dtype) * 3
     res = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(dtype) if with_residual else None
-    w = (1 + 0.1 * torch.randn(hidden, generator=gen, device=DEVICE)).to(torch.float32 if weight_fp32 else dtype)
+    w = norm_weight(hidden, gen, torch.float32 if weight_fp32 else dtype)
     ref = rms_norm_reference(x, w, 1e-6, res)
     out = rms_norm(x, w, 1e-6, res)
     if with_residual:
@@ -55,11 +53,9 @@ def test_rms_norm(tokens, hidden, dtype, weight_fp32, with_residual, seed):
 )
 def test_apply_rotary(tokens, num_heads, head_dim, dtype, strided, seed):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
-    cache = rope_cos_sin_cache(inv_freq, 4096)
+    cache, positions = rope_inputs(head_dim, tokens, gen)
     x = torch.randn(tokens, num_heads + 3, head_dim, generator=gen, device=DEVICE).to(dtype)
     x = x[:, 1 : num_heads + 1] if strided else x[:, :num_heads].contiguous()  # a view into fused qkv
-    positions = torch.randint(0, 4096, (tokens,), generator=gen, device=DEVICE)
     ref = apply_rotary_reference(x, positions, cache)
     out = apply_rotary(x, positions, cache)
     if dtype == torch.float32:  # the GPU may contract a product and the sum into an FMA

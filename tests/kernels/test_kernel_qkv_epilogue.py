@@ -4,7 +4,7 @@ Inputs are drawn fresh (hypothesis): any head count, GQA ratio, head_dim (also n
 slots in any order with padding (-1) rows, with and without the q/k norm. The cache is poisoned with NaN before
 the call: rows the kernel must not write stay NaN, rows it must write are compared. V is copied, so it is
 compared bitwise; q and k go through the norm (float32 reduction order may differ by an ulp before the cast),
-so they are compared with the dtype's relative tolerance. bfloat16 only on the GPU (see test_kernel_norm_rotary.py).
+so they are compared with the dtype's relative tolerance. bfloat16 only on the GPU (see conftest.py).
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanovllm_ref.kernels.qkv_epilogue import qkv_epilogue, qkv_epilogue_reference
-from nanovllm_ref.kernels.rotary import rope_cos_sin_cache
 from nanovllm_ref.testing import RELATIVE_TOLERANCE, relative_error
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+from .conftest import DEVICE, DTYPES, ON_GPU, norm_weight, rope_inputs
 
 
 @settings(max_examples=40 if ON_GPU else 12)
@@ -38,12 +35,10 @@ def test_qkv_epilogue_matches_reference(tokens, kv_heads, group, head_dim, block
     heads, num_blocks = kv_heads * group, tokens + 4  # enough slots for every token
     width = (heads + 2 * kv_heads) * head_dim
     qkv = (torch.randn(tokens, width, generator=gen, device=DEVICE) * 2).to(dtype)
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
-    cos_sin = rope_cos_sin_cache(inv_freq, 4096)
-    positions = torch.randint(0, 4096, (tokens,), generator=gen, device=DEVICE)
+    cos_sin, positions = rope_inputs(head_dim, tokens, gen)
     slots = torch.randperm(num_blocks * block_size, generator=gen, device=DEVICE)[:tokens]
     slots[torch.rand(tokens, generator=gen, device=DEVICE) < 0.25] = -1  # padding rows
-    weights = [(1 + 0.1 * torch.randn(head_dim, generator=gen, device=DEVICE)).to(dtype) for _ in range(2)]
+    weights = [norm_weight(head_dim, gen, dtype) for _ in range(2)]
     qw, kw = weights if qk_norm else (None, None)
     caches = []
     for _ in range(2):  # (k_cache, v_cache) for the reference, then for the kernel; NaN = never written

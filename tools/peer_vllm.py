@@ -100,7 +100,8 @@ class Server:
 
 def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: list[str], log: Path) -> list[dict]:
     """One table row per (model, dtype) of a run; a pair missing from the report errored before comparing."""
-    prompts = json.loads(report.read_text())["prompts"] if report.is_file() else []
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    prompts, set_failures = data.get("prompts", []), data.get("set_failures", [])
     rows = []
     for model in models:
         for dtype in dtypes:
@@ -110,9 +111,11 @@ def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: l
                 rows.append({**row, "verdict": f"ERROR before comparing (see {log.name})", "max_diff": "-"})
                 continue
             counts = {s: sum(p["status"] == s for p in mine) for s in ("match", "diverged-ok", "fail")}
-            verdict = "FAIL" if counts["fail"] else "pass"
+            set_fail = [f for f in set_failures if f["model"] == model and f["dtype"] == dtype]
+            verdict = "FAIL" if counts["fail"] or set_fail else "pass"
             detail = f"{counts['match']} exact, {counts['diverged-ok']} diverged within top-k"
             detail += f", {counts['fail']} failed" if counts["fail"] else ""
+            detail += ", set mean over mean_tol: " + set_fail[0]["message"].split(":")[0] if set_fail else ""
             if verdict == "FAIL" and model in KNOWN_VLLM_BUGS:
                 verdict = f"FAIL, known vLLM bug: {KNOWN_VLLM_BUGS[model]}"
             rows.append({**row, "verdict": f"{verdict} ({detail})",

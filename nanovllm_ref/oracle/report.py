@@ -32,6 +32,8 @@ class PromptReport:
     engine: str = ""
     case: str = ""
     mode: str = LOGPROBS  # "tokens-only" for an engine without logprobs
+    gen_diff_sum: float = 0.0  # sum and count of |dlogprob| over the shared generated-step logprobs (set mean)
+    gen_diff_count: int = 0
 
     @property
     def passed(self) -> bool:
@@ -44,21 +46,25 @@ class ConformanceReport:
 
     prompts: list[PromptReport] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # failures of a whole golden set (its mean |dlogprob|, compare_all): {"model", "dtype", "engine", "case", "message"}
+    set_failures: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(p.passed for p in self.prompts)
+        return all(p.passed for p in self.prompts) and not self.set_failures
 
     def failures(self) -> list[PromptReport]:
         return [p for p in self.prompts if not p.passed]
 
     def extend(self, other: ConformanceReport) -> ConformanceReport:
         self.prompts.extend(other.prompts)
+        self.set_failures.extend(other.set_failures)
         return self
 
     def format_failures(self, limit: int = 10) -> str:
         """The failure messages, one per line (at most ``limit`` prompts, each with its first 3 problems)."""
-        lines = []
+        lines = [f"{'/'.join(x for x in (f['model'], f['dtype'], f['case']) if x)}: FAIL (whole set): {f['message']}"
+                 for f in self.set_failures]
         for p in self.failures()[:limit]:
             ctx = "/".join(x for x in (p.model, p.dtype, p.case) if x)
             lines.append(f"{ctx}: {p.message}" if ctx else p.message)
@@ -69,12 +75,13 @@ class ConformanceReport:
         return "\n".join(lines) or "all prompts passed"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts]}
+        return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts],
+                "set_failures": self.set_failures}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConformanceReport:
         """The inverse of :meth:`to_dict` (how pytest-xdist workers hand their reports to the controller)."""
-        return cls([PromptReport(**p) for p in d["prompts"]], d.get("meta", {}))
+        return cls([PromptReport(**p) for p in d["prompts"]], d.get("meta", {}), list(d.get("set_failures", [])))
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)

@@ -108,7 +108,8 @@ def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: l
             mine = [p for p in prompts if p["model"] == model and p["dtype"] == dtype]
             row = {"engine": f"vLLM {version} (CPU)", "checkpoint": model, "dtype": dtype, "route": route}
             if not mine:
-                rows.append({**row, "verdict": f"ERROR before comparing (see {log.name})", "max_diff": "-"})
+                rows.append({**row, "verdict": f"ERROR before comparing (see {log.name})", "max_diff": "-",
+                             "mean_diff": "-"})
                 continue
             counts = {s: sum(p["status"] == s for p in mine) for s in ("match", "diverged-ok", "fail")}
             set_fail = [f for f in set_failures if f["model"] == model and f["dtype"] == dtype]
@@ -118,16 +119,18 @@ def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: l
             detail += ", set mean over mean_tol: " + set_fail[0]["message"].split(":")[0] if set_fail else ""
             if verdict == "FAIL" and model in KNOWN_VLLM_BUGS:
                 verdict = f"FAIL, known vLLM bug: {KNOWN_VLLM_BUGS[model]}"
+            count = sum(p.get("gen_diff_count", 0) for p in mine)
+            mean = f"{sum(p['gen_diff_sum'] for p in mine) / count:.3g}" if count else "-"
             rows.append({**row, "verdict": f"{verdict} ({detail})",
-                         "max_diff": f"{max(p['max_abs_diff'] for p in mine):.3g}"})
+                         "max_diff": f"{max(p['max_abs_diff'] for p in mine):.3g}", "mean_diff": mean})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| engine | checkpoint | dtype | route | verdict | max \\|dlogprob\\| |\n"
-            "| --- | --- | --- | --- | --- | --- |\n")
+    head = ("| engine | checkpoint | dtype | route | verdict | max \\|dlogprob\\| | set mean \\|dlogprob\\| |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n")
     return head + "".join(f"| {r['engine']} | {r['checkpoint']} | {r['dtype']} | {r['route']} | {r['verdict']} | "
-                          f"{r['max_diff']} |\n" for r in rows)
+                          f"{r['max_diff']} | {r['mean_diff']} |\n" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

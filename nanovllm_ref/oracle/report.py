@@ -88,7 +88,8 @@ class ConformanceReport:
 
     def summary_table(self, per: str = "prompt") -> Any:
         """A pandas DataFrame: one row per prompt (``per="prompt"``) or per (model, dtype, engine, case)
-        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was."""
+        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was (per model also the mean
+        |dlogprob| over the set's shared generated-step logprobs, what ``mean_tol`` bounds)."""
         import pandas as pd
 
         rows = [{
@@ -96,12 +97,13 @@ class ConformanceReport:
             "prompt": p.prompt_id,
             "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
             "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where,
+            "_sum": p.gen_diff_sum, "_count": p.gen_diff_count,
         } for p in self.prompts]
         df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "mode", "prompt", "status", "matched",
-                                         "first_div", "max_dlogprob", "where"])
+                                         "first_div", "max_dlogprob", "where", "_sum", "_count"])
         df["first_div"] = df["first_div"].astype("Int64")
         if per == "prompt" or df.empty:
-            return df
+            return df.drop(columns=["_sum", "_count"])
         if per != "model":
             raise ValueError(f"per must be 'prompt' or 'model', got {per!r}")
         out = []
@@ -112,5 +114,6 @@ class ConformanceReport:
             out.append({**dict(zip(["model", "dtype", "engine", "case", "mode"], key)), "prompts": len(g),
                         "match": int(counts.get(MATCH, 0)), "diverged_ok": int(counts.get(DIVERGED_OK, 0)),
                         "fail": int(counts.get(FAIL, 0)), "max_dlogprob": g.loc[worst, "max_dlogprob"],
+                        "mean_dlogprob": g["_sum"].sum() / g["_count"].sum() if g["_count"].sum() else None,
                         "where": where})
         return pd.DataFrame(out)

@@ -331,7 +331,7 @@ def compare_all(
             "model": model, "dtype": dtype, "engine": engine, "case": case,
             "message": f"mean |dlogprob| over the {count} shared top-{top_k} logprobs of the generated steps of all "
                        f"{len(report.prompts)} prompts is {mean:.3g} > mean_tol {mean_tol:.3g}: a systematic "
-                       f"difference that the per-position bound {tol:.3g} lets through (largest means: "
+                       f"difference, whatever the per-position bound {tol:.3g} says (largest means: "
                        + ", ".join(f"{p.prompt_id} {p.gen_diff_sum / max(p.gen_diff_count, 1):.3g}" for p in worst)
                        + ")"})
     return report

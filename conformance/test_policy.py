@@ -185,6 +185,7 @@ def test_a_systematic_shift_within_the_per_position_bound_fails_the_set_mean() -
     assert all(p.status == MATCH for p in rep.prompts) and not rep.passed
     assert len(rep.set_failures) == 1 and "mean |dlogprob| over the 60 shared top-3" in rep.set_failures[0]["message"]
     assert "0.4 > mean_tol 0.15" in rep.format_failures() and rep.set_failures[0]["model"] == "m"
+    assert abs(rep.set_failures[0]["mean"] - 0.4) < 1e-9 and rep.set_failures[0]["mean_tol"] == 0.15
     assert json.loads(rep.to_json())["set_failures"] == rep.set_failures
     assert abs(rep.summary_table("model").loc[0, "mean_dlogprob"] - 0.4) < 1e-9
     near_tie = [out([1] * 4, [STEP] * 3 + [shifted | {2: -0.6 - 5.0}]) for _ in range(1)] + ref[1:]

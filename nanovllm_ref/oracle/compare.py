@@ -328,7 +328,7 @@ def compare_all(
     if mean_tol is not None and mean > mean_tol:  # NaN differences are inf: they fail here too
         worst = sorted(report.prompts, key=lambda p: -p.gen_diff_sum / max(p.gen_diff_count, 1))[:3]
         report.set_failures.append({
-            "model": model, "dtype": dtype, "engine": engine, "case": case,
+            "model": model, "dtype": dtype, "engine": engine, "case": case, "mean": mean, "mean_tol": mean_tol,
             "message": f"mean |dlogprob| over the {count} shared top-{top_k} logprobs of the generated steps of all "
                        f"{len(report.prompts)} prompts is {mean:.3g} > mean_tol {mean_tol:.3g}: a systematic "
                        f"difference, whatever the per-position bound {tol:.3g} says (largest means: "

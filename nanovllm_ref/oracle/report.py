@@ -46,8 +46,9 @@ class ConformanceReport:
 
     prompts: list[PromptReport] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    # failures of a whole golden set (its mean |dlogprob|, compare_all): {"model", "dtype", "engine", "case", "message"}
-    set_failures: list[dict[str, str]] = field(default_factory=list)
+    # failures of a whole golden set (its mean |dlogprob|, compare_all): model, dtype, engine, case, mean, mean_tol,
+    # message
+    set_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

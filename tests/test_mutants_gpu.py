@@ -27,7 +27,8 @@ def test_picks_the_snippets_inside_triton_kernels_and_the_gpu_sites() -> None:
     chosen = {m.name for m in gpu_mutants(ROOT, MUTANTS)}
     assert {"rmsnorm-kernel-mean", "rotary-kernel-sign", "attention-kernel-causal", "store-kv-kernel-slot0",
             "rmsnorm-kernel-input-dtype", "decode-reduce-no-max", "online-softmax-max-reset",
-            "kernel-key-ignores-position", "kernel-nan-row-unflagged", "flash-attn-not-causal"} <= chosen
+            "kernel-key-ignores-position", "kernel-nan-row-unflagged", "flash-attn-not-causal", "silu-kernel-sign",
+            "fused-moe-kernel-acc-reset", "qkv-epilogue-v-from-k"} <= chosen
     # the pure-torch references next to the kernels are the CPU column's
     assert not chosen & {"rmsnorm-eps", "rotary-reference-sign", "temperature-multiplies", "seed-position-ignored",
                          "attention-causal-reference", "loader-kv-swap"}
@@ -59,7 +60,8 @@ def test_classifies_machine_failures_timeouts_and_baselines() -> None:
     (m,) = find(MUTANTS, ["rmsnorm-kernel-mean"])
     runs = mark_baseline_failures([Run("baseline-0", None, ("a",), "caught", "x"), Run(m.name, m, ("a",), "caught"),
                                    Run("other", m, ("b",), "caught")])
-    assert [r.status for r in runs] == ["caught", "baseline caught", "baseline missing"]
+    assert [r.status for r in runs] == ["caught", "baseline failed", "baseline missing"]
+    assert "| baseline-0 | `pytest -x -q" in table(runs) and "**FAILED** (`x`)" in table(runs)
 
 
 def test_runs_baseline_and_mutants_in_parallel_copies() -> None:

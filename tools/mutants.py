@@ -101,7 +101,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("attention-causal-reference", "nanovllm_ref/kernels/prefill_attention.py",
       "q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)",
       "q_pos = torch.arange(seq_len - q_len + 1, seq_len + 1, device=q.device)",
-      "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,)),
+      "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,),
+      kernels("prefill_attention")),  # the engine's CPU default is sdpa: the reference is the kernels' oracle
     M("sdpa-causal", "nanovllm_ref/attention/sdpa_backend.py",
       "(key_pos[None, None, :] <= query_pos[:, :, None])", "(key_pos[None, None, :] <= query_pos[:, :, None] + 1)",
       "sdpa backend (the CPU default): a query after a cached prefix sees the next token", (SDPA_ORACLE,)),
@@ -115,7 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("sdpa-reads-past-context", "nanovllm_ref/attention/sdpa_backend.py",
       "torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])", "slots",
       "sdpa backend: masked keys past the context read the cache there (a freed block's NaN poisons the sum)",
-      (SDPA_ORACLE,)),
+      (SDPA_ORACLE,), kernels("sdpa")),  # NaN-poisoned unused blocks: the kernel module's paged batches
     M("prefix-hash-unchained", "nanovllm_ref/engine/block_manager.py",
       "parent = seq.block_hashes[-1] if seq.block_hashes else 0", "parent = 0",
       "prefix cache: a full block's hash ignores its parent block", (BLOCKS,)),
@@ -235,6 +236,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", 'offset = q_size if shard_id == "k" else q_size + kv_size',
       'offset = q_size + kv_size if shard_id == "k" else q_size', "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),
+    # the Triton kernels that had no mutant: each reached by its kernel conformance case (CPU: the interpreter)
+    M("silu-kernel-sign", "nanovllm_ref/kernels/activation.py", "act = (gate / (1.0 + tl.exp(-gate)))",
+      "act = (gate / (1.0 + tl.exp(gate)))", "Triton SiLU-and-mul: sigmoid of -gate (exp sign flipped)",
+      ("tests/test_backends.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
+    M("fused-moe-kernel-acc-reset", "nanovllm_ref/kernels/fused_moe.py",
+      'acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")\n            else:\n'
+      "                acc += tl.dot(a, w, input_precision=PREC)",
+      'acc = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")\n            else:\n'
+      "                acc = tl.dot(a, w, input_precision=PREC)",
+      "Triton fused MoE GEMM keeps only the last K tile (the accumulator overwritten, not added to)",
+      ("tests/kernels/test_fused_moe.py::test_fused_moe_matches_reference",), kernels("fused_moe")),
+    M("qkv-epilogue-v-from-k", "nanovllm_ref/kernels/qkv_epilogue.py", "        src = src + num_kv_heads * HEAD_DIM\n",
+      "", "Triton fused QKV epilogue stores the raw K slice as V", ("tests/kernels/test_kernel_qkv_epilogue.py",),
+      kernels("qkv_epilogue")),
     # sampling (issue 18): each caught by the sampling conformance test (what another engine runs)
     M("sampling-top-p-drops-boundary", "nanovllm_ref/layers/sampler.py",
       "drop = probs.cumsum(dim=-1) <= 1 - top_p", "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p",

@@ -108,7 +108,7 @@ def execute(run: Run, source: Path, deadline: float, timeout: float, logs: Path 
             env_extra: dict[str, str] | None = None) -> Run:
     """Copy the tree, plant the mutant, run its pytest until the timeout or the deadline, classify, clean up."""
     left = min(timeout, deadline - time.monotonic())
-    if left < 10:
+    if left < 10 or STOP.is_set():
         return run
     with tempfile.TemporaryDirectory(prefix=f"gpu-mutant-{run.name}-") as tmp:
         root = Path(tmp) / "repo"
@@ -119,17 +119,34 @@ def execute(run: Run, source: Path, deadline: float, timeout: float, logs: Path 
         t0 = time.monotonic()
         proc = subprocess.Popen(pytest_command(run.args), cwd=root, env={**_environment(root), **(env_extra or {})},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        LIVE.add(proc)
         try:
             log, _ = proc.communicate(timeout=left)
             code = proc.returncode
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # pytest and anything it started (engine workers)
             log, code = proc.communicate()[0] + "\n(timeout)", 124
+        finally:
+            LIVE.discard(proc)
         run.seconds = time.monotonic() - t0
     run.status, run.by = classify(code, log)
     if logs is not None:
         (logs / f"{run.name}.log").write_text(" ".join(pytest_command(run.args)[1:]) + "\n\n" + log)
     return run
+
+
+LIVE: set[subprocess.Popen] = set()  # running pytests: each in its own session, so killed one by one on SIGTERM
+STOP = threading.Event()  # set on SIGTERM: no further run starts
+
+
+def _kill_live(signum: int, frame) -> None:
+    STOP.set()
+    for proc in list(LIVE):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(f"killed by signal {signum}: {len(LIVE)} pytest runs stopped")
 
 
 def plan(mutants: list[Mutant]) -> list[Run]:
@@ -162,7 +179,8 @@ def mark_baseline_failures(runs: list[Run]) -> list[Run]:
     for r in runs:
         base = baseline.get(r.args)
         if r.mutant is not None and (base is None or base.status != "survived"):
-            r.status, r.by = f"baseline {base.status if base else 'missing'}", base.name if base else ""
+            failed = {"caught": "failed"}.get(base.status, base.status) if base else "missing"
+            r.status, r.by = f"baseline {failed}", base.name if base else ""
     return runs
 
 
@@ -173,8 +191,8 @@ def command_text(args: tuple[str, ...]) -> str:
 def table(runs: list[Run]) -> str:
     lines = ["| run | command | result | seconds |", "| --- | --- | --- | --- |"]
     for r in runs:
-        if r.mutant is None:  # a baseline "survives" when it passes
-            result = "passed" if r.status == "survived" else f"**{r.status}**"
+        if r.mutant is None:  # a baseline "survives" when it passes, is "caught" when it fails
+            result = {"survived": "passed", "caught": "**FAILED**"}.get(r.status, f"**{r.status}**")
         else:
             result = {"caught": "caught", "survived": "**SURVIVED**"}.get(r.status, f"**{r.status}**")
         lines.append(f"| {r.name} | `{command_text(r.args)}` | {result}{f' (`{r.by}`)' if r.by else ''} "
@@ -198,6 +216,7 @@ def main(source: Path, mutants: list[Mutant], jobs: int, timeout: float, budget:
     if not torch.cuda.is_available():
         raise SystemExit("--gpu runs `pytest conformance -m gpu`: it needs a CUDA GPU (torch.cuda.is_available() "
                          "is False); the CPU column is `python -m tools.mutants --conformance-only`")
+    signal.signal(signal.SIGTERM, _kill_live)  # `timeout` around the whole run must not leave pytests behind
     logs = Path(out) if out else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)

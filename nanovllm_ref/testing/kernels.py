@@ -28,6 +28,7 @@ from ..kernels.activation import silu_and_mul_reference
 from ..kernels.decode_attention import decode_attention_reference
 from ..kernels.fused_moe import fused_moe_ref
 from ..kernels.prefill_attention import prefill_attention_reference
+from ..kernels.qkv_epilogue import qkv_epilogue_reference
 from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
@@ -212,6 +213,43 @@ def _sampling_check(out, ref, inputs) -> None:
     assert torch.equal(out[0][drawn], ref[0][drawn]), f"tokens {out[0].tolist()} != {ref[0].tolist()}"
 
 
+@st.composite
+def _epilogue_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tuple:
+    """A packed QKV row per token, q/k norm weights or none, positions, slots in any order with padding (-1)."""
+    dtype = draw(st.sampled_from(list(dtypes)))
+    kv_heads, group = draw(st.sampled_from([1, 2, 3, 8])), draw(st.sampled_from([1, 2, 4]))
+    head_dim = draw(st.sampled_from([32, 80, 64] if size == "small" else [128, 80, 64]))
+    tokens, block_size = draw(st.integers(1, 6 if size == "small" else 512)), draw(st.sampled_from([16, 1, 32]))
+    gen = torch.Generator(device=device).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    qkv = (torch.randn(tokens, (kv_heads * (group + 2)) * head_dim, generator=gen, device=device) * magnitude)
+    base = draw(st.sampled_from([1e6, 1e4]))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    num_blocks = -(-tokens // block_size) + 2  # room for every token, some blocks left untouched
+    slots = torch.randperm(num_blocks * block_size, generator=gen, device=device)[:tokens]
+    slots[torch.rand(tokens, generator=gen, device=device) < 0.25] = -1  # padding rows: q only, no K/V store
+    weights = [(1 + 0.1 * torch.randn(head_dim, generator=gen, device=device)).to(dtype) for _ in range(2)]
+    qw, kw = weights if draw(st.booleans()) else (None, None)  # Qwen3's q/k norm, or none (Llama)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen, device=device)
+    return (qkv.to(dtype), positions, rope_cos_sin_cache(inv_freq, 4096), qw, kw, draw(st.sampled_from([1e-6, 1e-5])),
+            (num_blocks, block_size, kv_heads, head_dim), slots, kv_heads * group, kv_heads)
+
+
+def _epilogue_call(fn: Callable, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv, positions, cos_sin, qw, kw, eps, cache_shape, slots, heads, kv_heads = inputs
+    k, v = (torch.full(cache_shape, float("nan"), dtype=qkv.dtype, device=qkv.device) for _ in range(2))
+    return fn(qkv, positions, cos_sin, qw, kw, eps, k, v, slots, heads, kv_heads), k, v  # NaN: never written
+
+
+def _epilogue_check(out, ref, inputs) -> None:
+    (q, k, v), (ref_q, ref_k, ref_v) = out, ref
+    _close(q, ref_q, inputs[0].dtype)
+    written = ~ref_k.isnan()
+    assert torch.equal(k.isnan(), ref_k.isnan()) and torch.equal(v.isnan(), ref_v.isnan()), "other cache rows written"
+    assert torch.equal(v[written], ref_v[written]), "V must be the projection's V, bitwise"
+    if written.any():
+        _close(k[written], ref_k[written], inputs[0].dtype)
+
+
 def _plain_call(fn: Callable, inputs: tuple) -> Any:
     return fn(*inputs)
 
@@ -231,16 +269,37 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("silu_and_mul", _silu_inputs, _plain_call, _plain_check, silu_and_mul_reference),
     KernelSpec("fused_moe", _moe_inputs, _plain_call, _moe_check, fused_moe_ref),
     KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
+    KernelSpec("qkv_epilogue", _epilogue_inputs, _epilogue_call, _epilogue_check, qkv_epilogue_reference),
 )}
 
 
+def backend_candidates(backend_cls: type, label: str) -> list[KernelCandidate]:
+    """An attention backend of nanovllm_ref.attention (its ``forward`` over the paged cache) as prefill and decode
+    candidates: the backends that are not one kernel (sdpa, the CPU default) meet the same poisoned batches."""
+    from ..attention import AttentionMetadata
+
+    def prefill(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale):
+        meta = AttentionMetadata(slot_mapping=torch.full((q.shape[0],), -1, device=q.device),
+                                 query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=block_tables,
+                                 max_query_len=int(query_start_loc.diff().max()), max_seq_len=int(seq_lens.max()))
+        return backend_cls(q.shape[1], k_cache.shape[2], q.shape[2], scale).forward(q, k_cache, v_cache, meta)
+
+    def decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        one_each = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int32, device=q.device)  # query_start_loc
+        return prefill(q, k_cache, v_cache, one_each, seq_lens, block_tables, scale)
+
+    return [KernelCandidate("prefill_attention", label, prefill), KernelCandidate("decode_attention", label, decode)]
+
+
 def nanovllm_ref_candidates() -> list[KernelCandidate]:
-    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature."""
+    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature, and its sdpa attention backend."""
+    from ..attention.sdpa_backend import SdpaBackend
     from ..kernels import (
         activation,
         decode_attention,
         fused_moe,
         prefill_attention,
+        qkv_epilogue,
         rmsnorm,
         rotary,
         sampling,
@@ -263,4 +322,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("silu_and_mul", "triton", activation.silu_and_mul),
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample),
+        KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue),
+        *backend_candidates(SdpaBackend, "sdpa"),
     ]

@@ -52,11 +52,13 @@ class Plan:
     """What every layer of one step shares: where the keys are, where each query goes, which mask."""
 
     slots: torch.Tensor  # (num_seqs, max_context) int64
-    mask: torch.Tensor | None  # bool, broadcast to (num_seqs, heads, queries, max_context); None: causal
+    # broadcast to (num_seqs, heads, queries, max_context): bool, or additive float (decode); None: causal
+    mask: torch.Tensor | None
     seq_of_token: torch.Tensor | None = None  # (num_tokens,): prefill only, a query's sequence...
     row: torch.Tensor | None = None  # ...and its row in the padded queries
     seq_lens: torch.Tensor | None = None  # (num_seqs,): decode only, for `continues`
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
+    last: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row, position) of each row's new token
 
 
 def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: Plan | None = None) -> Plan:
@@ -64,8 +66,10 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: P
     slots = context_slots(meta.block_tables, meta.seq_lens, block_size)
     key_pos = torch.arange(slots.shape[1], device=device)
     if num_tokens == num_seqs and meta.decode_only:
-        valid = key_pos < meta.seq_lens[:, None]  # (num_seqs, ctx)
-        plan = Plan(slots, valid[:, None, None, :], seq_lens=meta.seq_lens)  # mask (num_seqs, 1, 1, ctx)
+        # an additive mask, made once here: a bool one would be turned into this by every layer's SDPA
+        mask = torch.zeros(slots.shape, device=device).masked_fill_(key_pos >= meta.seq_lens[:, None], -torch.inf)
+        last = (torch.arange(num_seqs, device=device), (meta.seq_lens - 1).long())
+        plan = Plan(slots, mask[:, None, None, :], seq_lens=meta.seq_lens, last=last)  # mask (num_seqs, 1, 1, ctx)
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     q_lens = meta.query_start_loc.diff()  # (num_seqs,)
@@ -85,7 +89,7 @@ def continues(prev: Plan, plan: Plan) -> bool:
         return False
     if not torch.equal(plan.seq_lens, prev.seq_lens + 1):
         return False
-    seen = prev.mask[:, 0, 0]  # (num_seqs, prev ctx)
+    seen = torch.arange(prev.slots.shape[1], device=prev.slots.device) < prev.seq_lens[:, None]  # (seqs, prev ctx)
     return torch.equal(plan.slots[:, : seen.shape[1]][seen], prev.slots[seen])
 
 
@@ -110,8 +114,14 @@ class SdpaBackend(AttentionBackend):
         self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the k, v rows store_kv just stored
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
         self.step_kv = (k, v)
+        no_padding = meta.derived.get("no_padding")
+        if no_padding is None:  # (a CPU step has no padding rows: one check per step, then one copy per tensor)
+            no_padding = meta.derived["no_padding"] = bool((meta.slot_mapping >= 0).all())
+        if not no_padding:
+            return store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping.long(), k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping.long(), v.to(v_cache.dtype))
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         step_kv, self.step_kv = self.step_kv, None
@@ -122,7 +132,7 @@ class SdpaBackend(AttentionBackend):
         num_seqs = plan.slots.shape[0]
         # in float32 like the reference (a no-op for float32 caches): bf16 scores would drift from it
         if plan.seq_of_token is None:  # decode: a KV head's query group shares its row block
-            ctx, n = self._decode_context(k_cache, v_cache, plan), plan.slots.shape[1]
+            ctx, n = self._decode_context(k_cache, v_cache, plan, step_kv), plan.slots.shape[1]
             k, v = ctx.k[:, :n].transpose(1, 2), ctx.v[:, :n].transpose(1, 2)  # (seqs, kv_heads, ctx, d)
             queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
             out = F.scaled_dot_product_attention(queries, k, v, attn_mask=plan.mask, scale=self.scale)
@@ -144,17 +154,17 @@ class SdpaBackend(AttentionBackend):
                                                  enable_gqa=True)
         return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)
 
-    def _decode_context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan) -> DecodeContext:
+    def _decode_context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
+                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> DecodeContext:
         """This layer's keys and values of a decode step: the previous step's plus the token just stored, or,
         when the step does not continue the previous one (or outgrows the room left), gathered afresh."""
         ctx = self.decode_ctx
         if (ctx is not None and plan.extends is ctx.plan and ctx.cache_ptr == k_cache.data_ptr()
                 and plan.slots.shape[1] <= ctx.k.shape[1]):
-            rows = torch.arange(plan.slots.shape[0])
-            pos = (plan.seq_lens - 1).long()
-            new = plan.slots[rows, pos]  # (num_seqs,) this step's slots
-            ctx.k[rows, pos] = k_cache.view(-1, *k_cache.shape[2:])[new].float()
-            ctx.v[rows, pos] = v_cache.view(-1, *v_cache.shape[2:])[new].float()
+            if step_kv is None or step_kv[0].shape[0] != plan.slots.shape[0]:  # not one row per sequence
+                new = plan.slots[plan.last]  # (num_seqs,) this step's slots
+                step_kv = (k_cache.view(-1, *k_cache.shape[2:])[new], v_cache.view(-1, *v_cache.shape[2:])[new])
+            ctx.k[plan.last], ctx.v[plan.last] = step_kv[0].float(), step_kv[1].float()
             ctx.plan = plan
         elif ctx is None or ctx.plan is not plan:
             width = plan.slots.shape[1]

@@ -59,6 +59,8 @@ class Plan:
     seq_lens: torch.Tensor | None = None  # (num_seqs,): decode only, for `continues`
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row, position) of each row's new token
+    # fresh prompts: padded rows ordered longest first, attended in groups of similar length: (start, end, length)
+    groups: list[tuple[int, int, int]] | None = None
 
 
 def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: Plan | None = None) -> Plan:
@@ -76,10 +78,26 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: P
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=num_tokens)
     row = torch.arange(num_tokens, device=device) - meta.query_start_loc[seq_of_token]
     if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: the plain causal mask is exact for real rows
-        return Plan(slots, None, seq_of_token, row)
+        order, groups = length_groups(q_lens.tolist())
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(num_seqs, device=device)
+        return Plan(slots[order], None, rank[seq_of_token], row, groups=groups)
     query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=device)
     mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
     return Plan(slots, mask, seq_of_token, row)
+
+
+def length_groups(lengths: list[int], slack: float = 0.8) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+    """Sequences longest first, cut into groups whose lengths are all >= `slack` times the group's longest: padded to
+    its own longest, a group computes at most 1 / slack of its real query rows (one padding of every prompt to the
+    longest computes about twice the real rows on a spread of lengths). Returns (order, [(start, end, length)])."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or lengths[order[i]] < slack * lengths[order[start]]:
+            groups.append((start, i, lengths[order[start]]))
+            start = i
+    return torch.tensor(order), groups
 
 
 def continues(prev: Plan, plan: Plan) -> bool:
@@ -143,11 +161,14 @@ class SdpaBackend(AttentionBackend):
         if plan.mask is None:  # fresh prompts: SDPA's causal mask skips the key tiles above the diagonal
             n = meta.max_query_len
             if step_kv is not None and step_kv[0].shape[0] == q.shape[0]:  # the keys just stored are all there is
-                k, v = (self._padded(x, plan, n) for x in step_kv)
+                keys, values = (self._padded(x, plan, n) for x in step_kv)
             else:
-                k, v = gather_keys(k_cache, plan.slots[:, :n]).float(), gather_keys(v_cache, plan.slots[:, :n]).float()
-            out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, is_causal=True,
-                                                 scale=self.scale, enable_gqa=True)  # (num_seqs, heads, max_q, d)
+                keys, values = (gather_keys(c, plan.slots[:, :n]).float() for c in (k_cache, v_cache))
+            queries, out = padded.transpose(1, 2), padded.new_empty(num_seqs, q.shape[1], n, self.head_dim)
+            for a, b, n in plan.groups:  # (num_seqs, heads, max_q, d); rows past a group's length stay unset
+                k, v = keys[a:b, :, :n], values[a:b, :, :n]
+                out[a:b, :, :n] = F.scaled_dot_product_attention(queries[a:b, :, :n], k, v, is_causal=True,
+                                                                 scale=self.scale, enable_gqa=True)
         else:
             k, v = gather_keys(k_cache, plan.slots).float(), gather_keys(v_cache, plan.slots).float()
             out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.attention import AttentionMetadata, resolve_backend_name
@@ -146,3 +147,16 @@ def test_sdpa_decode_steps_extend_the_gathered_context(monkeypatch):
                                           meta.block_tables, backend.scale)
         assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step
     assert 0 in gathered and 6 in gathered and len(set(gathered)) <= 5, sorted(set(gathered))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=40))
+def test_prompt_length_groups_cover_every_row_with_bounded_padding(lengths):
+    from nanovllm_ref.attention.sdpa_backend import length_groups
+
+    order, groups = length_groups(lengths, torch.device("cpu"))
+    assert sorted(order.tolist()) == list(range(len(lengths)))
+    assert [a for a, _, _ in groups] == [0] + [b for _, b, _ in groups[:-1]] and groups[-1][1] == len(lengths)
+    for a, b, n in groups:  # each group is padded to its longest, which is at most 1 / 0.8 of any of its rows
+        rows = [lengths[i] for i in order[a:b].tolist()]
+        assert n == max(rows) == rows[0] and min(rows) >= 0.8 * n

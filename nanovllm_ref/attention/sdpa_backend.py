@@ -78,7 +78,7 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: P
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=num_tokens)
     row = torch.arange(num_tokens, device=device) - meta.query_start_loc[seq_of_token]
     if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: the plain causal mask is exact for real rows
-        order, groups = length_groups(q_lens.tolist())
+        order, groups = length_groups(q_lens.tolist(), device)
         rank = torch.empty_like(order)
         rank[order] = torch.arange(num_seqs, device=device)
         return Plan(slots[order], None, rank[seq_of_token], row, groups=groups)
@@ -87,7 +87,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: P
     return Plan(slots, mask, seq_of_token, row)
 
 
-def length_groups(lengths: list[int], slack: float = 0.8) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+def length_groups(lengths: list[int], device: torch.device, slack: float = 0.8,
+                  ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
     """Sequences longest first, cut into groups whose lengths are all >= `slack` times the group's longest: padded to
     its own longest, a group computes at most 1 / slack of its real query rows (one padding of every prompt to the
     longest computes about twice the real rows on a spread of lengths). Returns (order, [(start, end, length)])."""
@@ -97,7 +98,7 @@ def length_groups(lengths: list[int], slack: float = 0.8) -> tuple[torch.Tensor,
         if i == len(order) or lengths[order[i]] < slack * lengths[order[start]]:
             groups.append((start, i, lengths[order[start]]))
             start = i
-    return torch.tensor(order), groups
+    return torch.tensor(order, device=device), groups
 
 
 def continues(prev: Plan, plan: Plan) -> bool:

@@ -157,6 +157,8 @@ def test_prompt_length_groups_cover_every_row_with_bounded_padding(lengths):
     order, groups = length_groups(lengths, torch.device("cpu"))
     assert sorted(order.tolist()) == list(range(len(lengths)))
     assert [a for a, _, _ in groups] == [0] + [b for _, b, _ in groups[:-1]] and groups[-1][1] == len(lengths)
-    for a, b, n in groups:  # each group is padded to its longest, which is at most 1 / 0.8 of any of its rows
+    for a, b, n in groups:  # each group is padded to its longest: at most 8 tokens or 5% more than any of its rows
         rows = [lengths[i] for i in order[a:b].tolist()]
-        assert n == max(rows) == rows[0] and min(rows) >= 0.8 * n
+        assert n == max(rows) == rows[0] and n - min(rows) <= max(8, 0.05 * n)
+    for (_, _, n), (a, _, _) in zip(groups, groups[1:]):  # and a group ends only where the next row would exceed it
+        assert n - lengths[order[a]] > max(8, 0.05 * n)

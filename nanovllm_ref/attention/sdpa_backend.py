@@ -87,16 +87,19 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, prev: P
     return Plan(slots, mask, seq_of_token, row)
 
 
-def length_groups(lengths: list[int], device: torch.device, slack: float = 0.8,
+def length_groups(lengths: list[int], device: torch.device, slack: float = 0.05, min_pad: int = 8,
                   ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-    """Sequences longest first, cut into groups whose lengths are all >= `slack` times the group's longest: padded to
-    its own longest, a group computes at most 1 / slack of its real query rows (one padding of every prompt to the
-    longest computes about twice the real rows on a spread of lengths). Returns (order, [(start, end, length)])."""
+    """Sequences longest first, cut into groups padded to their longest: a row joins the group while its padding
+    stays within `min_pad` tokens or `slack` of the group's longest. One padding of every prompt to the longest
+    computed about twice the real query rows on a spread of prompt lengths; SDPA calls are cheap next to that
+    (measured on the CPU benchmark's prefill: 131 ms at a slack of 0.2, 96 ms at 0.05, 93 ms with no slack).
+    Returns (order, [(first row, end row, length)])."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups, start = [], 0
     for i in range(1, len(order) + 1):
-        if i == len(order) or lengths[order[i]] < slack * lengths[order[start]]:
-            groups.append((start, i, lengths[order[start]]))
+        longest = lengths[order[start]]
+        if i == len(order) or longest - lengths[order[i]] > max(min_pad, slack * longest):
+            groups.append((start, i, longest))
             start = i
     return torch.tensor(order, device=device), groups
 

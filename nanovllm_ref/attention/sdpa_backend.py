@@ -112,7 +112,7 @@ def continues(prev: Plan, plan: Plan) -> bool:
     if not torch.equal(plan.seq_lens, prev.seq_lens + 1):
         return False
     seen = torch.arange(prev.slots.shape[1], device=prev.slots.device) < prev.seq_lens[:, None]  # (seqs, prev ctx)
-    return torch.equal(plan.slots[:, : seen.shape[1]][seen], prev.slots[seen])
+    return torch.equal(plan.slots[:, : seen.shape[1]].where(seen, 0), prev.slots.where(seen, 0))
 
 
 @dataclass

@@ -171,3 +171,42 @@ def test_rescaled_checkpoints_are_bounded_by_their_own_noise_only() -> None:
     assert measured_noise(manifest, "bfloat16") == (0.3, 0.3)
     assert measured_noise(manifest, "bfloat16", "sharp") == (0.8, 0.8)
     assert measured_noise(manifest, "bfloat16", "tiny") == (0.1, 0.1)
+
+
+def test_a_systematic_shift_within_the_per_position_bound_fails_the_set_mean() -> None:
+    """What let vLLM's dropped Qwen3-MoE o_proj bias pass in bf16: every position within the wide MoE bound (kept
+    for rare routing near-ties), but the whole set shifted. The mean bound fails the set, naming it; the same set
+    with one large difference (a near-tie) and exact elsewhere passes."""
+    ref = [out([1] * 4, [STEP] * 4) for _ in range(5)]
+    shifted = {1: -0.5 + 0.4, 2: -0.6 - 0.4, 3: -3.0 + 0.4}
+    cand = [out([1] * 4, [shifted] * 4) for _ in range(5)]
+    rep = compare_all(ref, cand, top_k=3, tol=6.0, prompt_tol=None, model="m", dtype="bfloat16", engine="e",
+                      mean_tol=0.15)
+    assert all(p.status == MATCH for p in rep.prompts) and not rep.passed
+    assert len(rep.set_failures) == 1 and "mean |dlogprob| over the 60 shared top-3" in rep.set_failures[0]["message"]
+    assert "0.4 > mean_tol 0.15" in rep.format_failures() and rep.set_failures[0]["model"] == "m"
+    assert abs(rep.set_failures[0]["mean"] - 0.4) < 1e-9 and rep.set_failures[0]["mean_tol"] == 0.15
+    assert json.loads(rep.to_json())["set_failures"] == rep.set_failures
+    assert abs(rep.summary_table("model").loc[0, "mean_dlogprob"] - 0.4) < 1e-9
+    near_tie = [out([1] * 4, [STEP] * 3 + [shifted | {2: -0.6 - 5.0}]) for _ in range(1)] + ref[1:]
+    ok = compare_all(ref, near_tie, top_k=3, tol=6.0, prompt_tol=None, mean_tol=0.15)
+    assert ok.passed and ok.prompts[0].max_abs_diff == 5.0
+    assert compare_all(ref, cand, top_k=3, tol=6.0, prompt_tol=None).passed  # no mean_tol: not checked
+    merged = compare_all(ref, ref, top_k=3, tol=6.0, prompt_tol=None, mean_tol=0.15).extend(rep)
+    assert not merged.passed and merged.set_failures == rep.set_failures
+
+
+def test_mean_tolerance_derivation() -> None:
+    def entry(mx: float, mean: float, **config) -> dict:
+        return {"config": config, "noise": {"bfloat16": {
+            "a": {"generated": {"max": mx, "mean": mean}, "prompt": {"max": mx}},
+            "b": {"generated": {"max": mx / 2, "mean": mean / 4}, "prompt": {"max": mx}}}}}
+
+    manifest = {"checkpoints": {"dense": entry(0.3, 0.03), "moe": entry(2.1, 0.049, num_experts_per_tok=3)}}
+    moe = golden_tolerance("bfloat16", manifest, "moe")
+    assert moe.tol == NOISE_FACTOR * 2.1 and moe.mean_tol == NOISE_FACTOR * 0.049
+    assert golden_tolerance("bfloat16", manifest, "dense").mean_tol == NOISE_FACTOR * 0.03
+    assert moe.override(tol=9.0).mean_tol == moe.mean_tol
+    assert golden_tolerance("float32", manifest).mean_tol is None  # no means recorded for float32 here
+    real = golden_tolerance("bfloat16", checkpoint="qwen3-moe-unnorm-hd32")  # the shipped manifest records means
+    assert real.mean_tol is not None and real.mean_tol < real.tol / 10

@@ -194,3 +194,13 @@ def test_event_timing_excludes_launch_latency():
     enqueue_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     assert min(time_fn(launches, 5, "cuda")) < 0.8 * enqueue_s
+
+
+def test_cpu_ab_compares_two_trees_in_one_process(capsys):
+    """perf/cpu_ab.py: the base revision's package imports under its new name beside this tree's, both engines
+    run the workload, and the table comes out (one round of a small workload on the tiny checkpoint)."""
+    from perf import cpu_ab
+
+    cpu_ab.main(["--base", "HEAD", "--model", "qwen3-tiny", "--rounds", "1", "--prompts", "3", "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "greedy tokens equal" in out and "this tree" in out and "CPU-time speed-up per round" in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.attention import AttentionMetadata, resolve_backend_name
@@ -85,3 +86,65 @@ def test_sdpa_plans_once_per_step_for_all_layers(monkeypatch):
     runner.compute_hidden = lambda *a, **k: forwards.append(1) or compute(*a, **k)
     llm.generate([[5, 6, 7], [8] * 9], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(forwards) >= 3 and len(calls) == len(forwards)  # one plan per step, whatever the number of layers
+
+
+def test_sdpa_decode_steps_extend_the_gathered_context(monkeypatch):
+    """A decode step that continues the previous one appends its token to each layer's gathered keys instead of
+    gathering the context again; a row now holding another sequence (same length) or a new block past the room
+    left gathers afresh. Every step equals the reference; unused cache entries are NaN."""
+    import nanovllm_ref.attention.sdpa_backend as sb
+
+    gathered, orig = [], sb.gather_keys
+    monkeypatch.setattr(sb, "gather_keys", lambda *a: gathered.append(step) or orig(*a))
+    gen = torch.Generator().manual_seed(0)
+    bs, kvh, group, d, num_blocks = 4, 2, 3, 8, 64
+    k_cache = torch.full((num_blocks, bs, kvh, d), float("nan"))
+    v_cache = k_cache.clone()
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    lens, tables = [5, 9, 1], [[], [], []]
+    for s, n in enumerate(lens):  # the prompts' keys, already in the cache
+        tables[s] = [free.pop() for _ in range(-(-n // bs))]
+        for p in range(n):
+            k_cache[tables[s][p // bs], p % bs] = torch.randn(kvh, d, generator=gen)
+            v_cache[tables[s][p // bs], p % bs] = torch.randn(kvh, d, generator=gen)
+    backend = SdpaBackend(kvh * group, kvh, d, d**-0.5)
+    for step in range(14):
+        if step == 6:  # row 1 now holds another sequence of the same length (its blocks copied elsewhere)
+            copy = [free.pop() for _ in tables[1]]
+            k_cache[copy], v_cache[copy] = k_cache[tables[1]], v_cache[tables[1]]
+            k_cache[copy[-1], lens[1] % bs - 1] += 1.0  # ...whose last key differs
+            tables[1] = copy
+        slots = []
+        for s in range(len(lens)):
+            if lens[s] % bs == 0:
+                tables[s].append(free.pop())
+            slots.append(tables[s][lens[s] // bs] * bs + lens[s] % bs)
+            lens[s] += 1
+        width = max(map(len, tables))
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots), query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32), max_query_len=1, max_seq_len=max(lens),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32))
+        q = torch.randn(len(lens), kvh * group, d, generator=gen)
+        backend.store_kv(torch.randn(len(lens), kvh, d, generator=gen), torch.randn(len(lens), kvh, d, generator=gen),
+                         k_cache, v_cache, meta)
+        out = backend.forward(q, k_cache, v_cache, meta)
+        ref = prefill_attention_reference(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                          meta.block_tables, backend.scale)
+        assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step
+    assert 0 in gathered and 6 in gathered and len(set(gathered)) <= 5, sorted(set(gathered))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=40))
+def test_prompt_length_groups_cover_every_row_with_bounded_padding(lengths):
+    from nanovllm_ref.attention.sdpa_backend import length_groups
+
+    order, groups = length_groups(lengths, torch.device("cpu"))
+    assert sorted(order.tolist()) == list(range(len(lengths)))
+    assert [a for a, _, _ in groups] == [0] + [b for _, b, _ in groups[:-1]] and groups[-1][1] == len(lengths)
+    for a, b, n in groups:  # each group is padded to its longest: at most 8 tokens or 5% more than any of its rows
+        rows = [lengths[i] for i in order[a:b].tolist()]
+        assert n == max(rows) == rows[0] and n - min(rows) <= max(8, 0.05 * n)
+    for (_, _, n), (a, _, _) in zip(groups, groups[1:]):  # and a group ends only where the next row would exceed it
+        assert n - lengths[order[a]] > max(8, 0.05 * n)

@@ -29,7 +29,8 @@ ROUTES = ("in-process", "http")
 # failures traced to vLLM itself (conformance/README.md, "Peers"): still run and shown, not failing the session
 KNOWN_VLLM_BUGS = {
     "qwen3-bias-hd32": "vLLM's Qwen3 builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
-    "qwen3-moe-unnorm-hd32": "vLLM's CPU MoE differs on an unnormalized router (norm_topk_prob=false)",
+    # its MoE path is right: vLLM matches transformers run without o_proj.bias (tools/probe_dropped_bias.py)
+    "qwen3-moe-unnorm-hd32": "vLLM's Qwen3-MoE builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
 }
 
 
@@ -99,31 +100,37 @@ class Server:
 
 def rows_of(report: Path, route: str, version: str, models: list[str], dtypes: list[str], log: Path) -> list[dict]:
     """One table row per (model, dtype) of a run; a pair missing from the report errored before comparing."""
-    prompts = json.loads(report.read_text())["prompts"] if report.is_file() else []
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    prompts, set_failures = data.get("prompts", []), data.get("set_failures", [])
     rows = []
     for model in models:
         for dtype in dtypes:
             mine = [p for p in prompts if p["model"] == model and p["dtype"] == dtype]
             row = {"engine": f"vLLM {version} (CPU)", "checkpoint": model, "dtype": dtype, "route": route}
             if not mine:
-                rows.append({**row, "verdict": f"ERROR before comparing (see {log.name})", "max_diff": "-"})
+                rows.append({**row, "verdict": f"ERROR before comparing (see {log.name})", "max_diff": "-",
+                             "mean_diff": "-"})
                 continue
             counts = {s: sum(p["status"] == s for p in mine) for s in ("match", "diverged-ok", "fail")}
-            verdict = "FAIL" if counts["fail"] else "pass"
+            set_fail = [f for f in set_failures if f["model"] == model and f["dtype"] == dtype]
+            verdict = "FAIL" if counts["fail"] or set_fail else "pass"
             detail = f"{counts['match']} exact, {counts['diverged-ok']} diverged within top-k"
             detail += f", {counts['fail']} failed" if counts["fail"] else ""
+            count = sum(p.get("gen_diff_count", 0) for p in mine)
+            mean = f"{sum(p['gen_diff_sum'] for p in mine) / count:.3g}" if count else "-"
+            detail += f", set mean {mean} over mean_tol" if set_fail else ""
             if verdict == "FAIL" and model in KNOWN_VLLM_BUGS:
                 verdict = f"FAIL, known vLLM bug: {KNOWN_VLLM_BUGS[model]}"
             rows.append({**row, "verdict": f"{verdict} ({detail})",
-                         "max_diff": f"{max(p['max_abs_diff'] for p in mine):.3g}"})
+                         "max_diff": f"{max(p['max_abs_diff'] for p in mine):.3g}", "mean_diff": mean})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| engine | checkpoint | dtype | route | verdict | max \\|dlogprob\\| |\n"
-            "| --- | --- | --- | --- | --- | --- |\n")
+    head = ("| engine | checkpoint | dtype | route | verdict | max \\|dlogprob\\| | set mean \\|dlogprob\\| |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n")
     return head + "".join(f"| {r['engine']} | {r['checkpoint']} | {r['dtype']} | {r['route']} | {r['verdict']} | "
-                          f"{r['max_diff']} |\n" for r in rows)
+                          f"{r['max_diff']} | {r['mean_diff']} |\n" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         server.stop()
                 route = "HTTP (`python -m vllm.entrypoints.openai.api_server`, `--engine openai:URL`)"
                 rows += rows_of(report, route, vllm.__version__, [model], [dtype], log)
+                (out / "results.md").write_text(markdown(rows))
     table = markdown(rows)
     (out / "results.md").write_text(table)
     print(table)

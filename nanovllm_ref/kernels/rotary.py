@@ -33,12 +33,12 @@ def apply_rotary_reference(
     positions: torch.Tensor,  # (num_tokens,) int
     cos_sin_cache: torch.Tensor,  # (max_positions, head_dim) float32: [cos | sin], each head_dim // 2
 ) -> torch.Tensor:
-    cos, sin = cos_sin_cache[positions.long()].to(x.dtype).chunk(2, dim=-1)  # (num_tokens, head_dim // 2)
-    cos = torch.cat([cos, cos], dim=-1)[:, None, :]
-    sin = torch.cat([sin, sin], dim=-1)[:, None, :]
+    cos, sin = cos_sin_cache[positions.long(), None].to(x.dtype).chunk(2, dim=-1)  # (num_tokens, 1, head_dim // 2)
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (num_tokens, 1, head_dim)
     x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos + rotated * sin
+    # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1]: the sign moved onto the (per token) sin table,
+    # the same roundings with one full-size pass less
+    return x * cos + torch.cat([x2, x1], dim=-1) * sin
 
 
 if triton is not None:

@@ -15,6 +15,8 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..distributed import tp_size
+from ..kernels.rmsnorm import rms_norm_reference
+from ..kernels.rotary import apply_rotary_reference
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -52,14 +54,28 @@ class DecoderAttention(nn.Module):
             )
             return self.o_proj(out.reshape(n, q_size))
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
-        k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
-        v = v.reshape(n, self.num_kv_heads, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        v = v.view(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
+        if qkv.is_cuda:
+            q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
+            k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
+        else:  # the references once over queries and keys side by side: half the small ops of a CPU step
+            q, k = self._cpu_qk(positions, qkv[:, : q_size + kv_size].view(n, -1, d))
         out = self.attn(q, k, v)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(n, q_size))
+
+    def _cpu_qk(self, positions: torch.Tensor, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # qk (num_tokens, num_heads + num_kv_heads, head_dim): every row is normed and rotated on its own
+        if self.q_norm is not None:
+            d = self.head_dim
+            weight = torch.cat([self.q_norm.weight.expand(self.num_heads, d),
+                                self.k_norm.weight.expand(self.num_kv_heads, d)])  # (heads + kv_heads, head_dim)
+            qk = rms_norm_reference(qk, weight, self.q_norm.eps)
+        qk = apply_rotary_reference(qk, positions, self.rotary.cos_sin_cache)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k
 
 
 class DecoderMLP(nn.Module):

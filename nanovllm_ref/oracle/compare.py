@@ -14,6 +14,9 @@ in the spirit of SGLang's ``check_close_model_outputs`` (``sglang/test/runners.p
   ``tol`` away (absent means its logprob is at most the other side's k-th value).
 * Prompt logprobs (teacher forced, no divergence possible) must agree the same way within ``prompt_tol``,
   and (given the prompts) every position's dict must hold the actual prompt token, as vLLM's do.
+* Over a whole golden set (``compare_all`` with ``mean_tol``), the mean |dlogprob| of all those generated-step
+  logprobs must stay within ``mean_tol``: a systematic error (a dropped bias) that the per-position bound, made
+  wide for rare routing near-ties, lets through still moves the mean (tolerances.py). A set-level failure.
 * A candidate that stops early or lacks the (prompt) logprobs the reference has fails.
 * Tokens-only mode (``tokens_only=True``), for engines that return no logprobs (nano-vllm's API, servers
   without logprobs): tokens must be equal, and at the first divergence the candidate's token must be in the
@@ -111,6 +114,8 @@ class _Checker:
         self.max = {"gen": 0.0, "prompt": 0.0}
         self.where = {"gen": "", "prompt": ""}
         self.failures: list[str] = []
+        self.gen_sum, self.gen_count = 0.0, 0  # every shared generated-step logprob, for the set's mean
+
 
     def check(self, kind: str, pos: int, ref: LogprobDict, cand: LogprobDict, tol: float) -> None:
         label = f"{'gen step' if kind == 'gen' else 'prompt pos'} {pos}"
@@ -121,6 +126,8 @@ class _Checker:
                 diff = math.inf
             if diff > worst:
                 worst_tok, worst = tok, diff
+            if kind == "gen":
+                self.gen_sum, self.gen_count = self.gen_sum + diff, self.gen_count + 1
         if worst_tok is not None and worst > self.max[kind]:
             self.max[kind], self.where[kind] = worst, f"{label}, {describe_token(worst_tok, ref, cand)}"
         if worst > tol:
@@ -274,7 +281,8 @@ def _make_report(prompt_id: str, chk: _Checker, ref: EngineOutput, matched: int,
     return PromptReport(
         prompt_id=prompt_id, status=status, num_tokens=len(ref.token_ids), matched_tokens=matched,
         first_divergence=first_div, max_abs_diff=max(gen, prompt), where=where, max_gen_diff=gen,
-        max_prompt_diff=prompt, message=message, failures=chk.failures,
+        max_prompt_diff=prompt, message=message, failures=chk.failures, gen_diff_sum=chk.gen_sum,
+        gen_diff_count=chk.gen_count,
     )
 
 
@@ -299,10 +307,12 @@ def compare_all(
     case: str = "",
     meta: dict[str, Any] | None = None,
     tokens_only: bool = False,
+    mean_tol: float | None = None,
 ) -> ConformanceReport:
     """:func:`compare_outputs` for every prompt (``prompts``: their token ids, to check the actual prompt tokens
     in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows; ``tokens_only``: the
-    policy for candidates without logprobs (module docstring)."""
+    policy for candidates without logprobs (module docstring); ``mean_tol``: the bound on the set's mean
+    generated-step |dlogprob| (a failure of the set, in ``report.set_failures``)."""
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference outputs but {len(candidate)} candidate outputs")
     ids = list(prompt_ids) if prompt_ids is not None else [f"prompt_{i}" for i in range(len(reference))]
@@ -313,4 +323,15 @@ def compare_all(
                             tokens_only=tokens_only)
         p.model, p.dtype, p.engine, p.case = model, dtype, engine, case
         report.prompts.append(p)
+    count = sum(p.gen_diff_count for p in report.prompts)
+    mean = sum(p.gen_diff_sum for p in report.prompts) / count if count else 0.0
+    if mean_tol is not None and mean > mean_tol:  # NaN differences are inf: they fail here too
+        worst = sorted(report.prompts, key=lambda p: -p.gen_diff_sum / max(p.gen_diff_count, 1))[:3]
+        report.set_failures.append({
+            "model": model, "dtype": dtype, "engine": engine, "case": case, "mean": mean, "mean_tol": mean_tol,
+            "message": f"mean |dlogprob| over the {count} shared top-{top_k} logprobs of the generated steps of all "
+                       f"{len(report.prompts)} prompts is {mean:.3g} > mean_tol {mean_tol:.3g}: a systematic "
+                       f"difference, whatever the per-position bound {tol:.3g} says (largest means: "
+                       + ", ".join(f"{p.prompt_id} {p.gen_diff_sum / max(p.gen_diff_count, 1):.3g}" for p in worst)
+                       + ")"})
     return report

@@ -133,8 +133,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if len(table):
             terminalreporter.write_line(f"\n{title}:")
             terminalreporter.write_line(table.to_string(index=False))
+        for f in merged.set_failures:
+            terminalreporter.write_line(f"\nwhole set FAILED, {f['model']}/{f['dtype']}/{f['engine']}: {f['message']}")
     path = Path(config.getoption("--report"))
     path.write_text(merged.to_json() + "\n")
-    verdict = "all passed" if merged.passed else f"{len(merged.failures())} prompts FAILED"
+    verdict = "all passed" if merged.passed else (f"{len(merged.failures())} prompts and "
+                                                  f"{len(merged.set_failures)} whole sets FAILED")
     terminalreporter.write_line(f"\nconformance report: {len(reports)} comparisons recorded, {verdict} "
                                 f"(tests that errored before comparing are not in it): {path}")

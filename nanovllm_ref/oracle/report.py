@@ -32,6 +32,8 @@ class PromptReport:
     engine: str = ""
     case: str = ""
     mode: str = LOGPROBS  # "tokens-only" for an engine without logprobs
+    gen_diff_sum: float = 0.0  # sum and count of |dlogprob| over the shared generated-step logprobs (set mean)
+    gen_diff_count: int = 0
 
     @property
     def passed(self) -> bool:
@@ -44,21 +46,26 @@ class ConformanceReport:
 
     prompts: list[PromptReport] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # failures of a whole golden set (its mean |dlogprob|, compare_all): model, dtype, engine, case, mean, mean_tol,
+    # message
+    set_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(p.passed for p in self.prompts)
+        return all(p.passed for p in self.prompts) and not self.set_failures
 
     def failures(self) -> list[PromptReport]:
         return [p for p in self.prompts if not p.passed]
 
     def extend(self, other: ConformanceReport) -> ConformanceReport:
         self.prompts.extend(other.prompts)
+        self.set_failures.extend(other.set_failures)
         return self
 
     def format_failures(self, limit: int = 10) -> str:
         """The failure messages, one per line (at most ``limit`` prompts, each with its first 3 problems)."""
-        lines = []
+        lines = [f"{'/'.join(x for x in (f['model'], f['dtype'], f['case']) if x)}: FAIL (whole set): {f['message']}"
+                 for f in self.set_failures]
         for p in self.failures()[:limit]:
             ctx = "/".join(x for x in (p.model, p.dtype, p.case) if x)
             lines.append(f"{ctx}: {p.message}" if ctx else p.message)
@@ -69,19 +76,21 @@ class ConformanceReport:
         return "\n".join(lines) or "all prompts passed"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts]}
+        return {"passed": self.passed, "meta": self.meta, "prompts": [asdict(p) for p in self.prompts],
+                "set_failures": self.set_failures}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConformanceReport:
         """The inverse of :meth:`to_dict` (how pytest-xdist workers hand their reports to the controller)."""
-        return cls([PromptReport(**p) for p in d["prompts"]], d.get("meta", {}))
+        return cls([PromptReport(**p) for p in d["prompts"]], d.get("meta", {}), list(d.get("set_failures", [])))
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
     def summary_table(self, per: str = "prompt") -> Any:
         """A pandas DataFrame: one row per prompt (``per="prompt"``) or per (model, dtype, engine, case)
-        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was."""
+        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was (per model also the mean
+        |dlogprob| over the set's shared generated-step logprobs, what ``mean_tol`` bounds)."""
         import pandas as pd
 
         rows = [{
@@ -89,12 +98,13 @@ class ConformanceReport:
             "prompt": p.prompt_id,
             "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
             "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where,
+            "_sum": p.gen_diff_sum, "_count": p.gen_diff_count,
         } for p in self.prompts]
         df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "mode", "prompt", "status", "matched",
-                                         "first_div", "max_dlogprob", "where"])
+                                         "first_div", "max_dlogprob", "where", "_sum", "_count"])
         df["first_div"] = df["first_div"].astype("Int64")
         if per == "prompt" or df.empty:
-            return df
+            return df.drop(columns=["_sum", "_count"])
         if per != "model":
             raise ValueError(f"per must be 'prompt' or 'model', got {per!r}")
         out = []
@@ -105,5 +115,6 @@ class ConformanceReport:
             out.append({**dict(zip(["model", "dtype", "engine", "case", "mode"], key)), "prompts": len(g),
                         "match": int(counts.get(MATCH, 0)), "diverged_ok": int(counts.get(DIVERGED_OK, 0)),
                         "fail": int(counts.get(FAIL, 0)), "max_dlogprob": g.loc[worst, "max_dlogprob"],
+                        "mean_dlogprob": g["_sum"].sum() / g["_count"].sum() if g["_count"].sum() else None,
                         "where": where})
         return pd.DataFrame(out)

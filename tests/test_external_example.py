@@ -72,7 +72,7 @@ def test_broken_toy_engine_fails_naming_prompt_and_position(site: Path, tmp_path
     assert code == 1, log[-3000:]
     name = load_golden("qwen3-tiny", "float32").prompt_names[request]
     assert f"[{name}] FAIL: gen step {step}: tokens differ" in log, log[-3000:]
-    assert "1 prompts FAILED" in log, log[-3000:]
+    assert "1 prompts and 0 whole sets FAILED" in log, log[-3000:]
 
 
 def test_installed_plugin_is_not_registered_twice_inside_the_repo(site: Path) -> None:

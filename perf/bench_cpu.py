@@ -9,9 +9,11 @@ Workload (issue 22): a golden checkpoint (default qwen3-gqa4) in float32, 32 pro
 (`random.Random(seed)`), 64 greedy tokens each, EOS ignored. Every engine runs the whole workload once untimed
 (warm-up), then each round times one call per engine in a rotating order: nanovllm_ref's `LLM.generate` (prefix
 cache emptied first), transformers' `model.generate` of all prompts left-padded (attention mask given, so a
-prompt token equal to the pad id is not masked), vLLM's `LLM.generate` in a worker process of its own Python
-(prefix caching off, `VLLM_CPU_KVCACHE_SPACE=1` GiB). Output tok/s = output tokens / wall time of the call.
-Ratios are per round (nanovllm_ref / peer, same round), then the median. The 1-minute load average is printed
+prompt token equal to the pad id is not masked), vLLM's `LLM.generate` (its own Python; prefix caching off,
+`VLLM_CPU_KVCACHE_SPACE=1` GiB). Every engine runs in a worker process of its own: in one process, the engine
+that runs after transformers has loaded and generated pays 15-25% more CPU time (measured in session 6), which
+would charge one engine for another's allocations and thread pools. Output tok/s = output tokens / wall time of
+the call. Ratios are per round (nanovllm_ref / peer, same round), then the median. The 1-minute load average is printed
 with the table: on a shared machine compare ratios, not absolute numbers.
 """
 
@@ -109,32 +111,32 @@ class HFRunner:
         del self.model
 
 
-class VLLMRunner:
-    """vLLM's CPU build in a worker process (its own venv; it spawns its engine core): one JSON line per round."""
+class WorkerRunner:
+    """One engine in a worker process of its own (`python -m perf.bench_cpu --worker ENGINE`): one JSON line per
+    round. vLLM's runs in the Python that has it (its own venv; it spawns its engine core)."""
 
-    name = "vllm-cpu"
-
-    def __init__(self, python: str, path: str, w: CpuWorkload) -> None:
+    def __init__(self, name: str, python: str, path: str, w: CpuWorkload, threads: int) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
             "VLLM_CPU_KVCACHE_SPACE", "1")}
-        self.proc = subprocess.Popen([python, "-m", "perf.bench_cpu", "--vllm-worker", path], cwd=ROOT, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._ask({"prompts": w.prompts, "max_tokens": w.max_tokens})  # builds the engine and warms it up
-        self.w = w
+        self.name, self.w = name, w
+        self.proc = subprocess.Popen([python, "-m", "perf.bench_cpu", "--worker", name, "--model", path,
+                                      "--threads", str(threads)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self._ask({"prompts": w.prompts, "max_tokens": w.max_tokens})  # builds the engine
 
     def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
-        for line in self.proc.stdout:  # vLLM may log to stdout: the answer is the line marked as ours
+        for line in self.proc.stdout:  # an engine may log to stdout: the answer is the line marked as ours
             if line.startswith("BENCH_CPU "):
                 return json.loads(line[len("BENCH_CPU "):])
-        raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()})")
+        raise RuntimeError(f"the {self.name} worker exited (code {self.proc.wait()})")
 
     def run(self) -> float:
         reply = self._ask({"run": True})
         if reply["output_tokens"] != self.w.output_tokens:
-            raise RuntimeError("vLLM generated the wrong number of tokens")
+            raise RuntimeError(f"{self.name} generated the wrong number of tokens")
         return reply["wall_s"]
 
     def close(self) -> None:
@@ -143,25 +145,46 @@ class VLLMRunner:
             self.proc.wait(timeout=60)
 
 
-def vllm_worker(path: str) -> None:
-    """The worker side of VLLMRunner (run with the Python that has vLLM)."""
-    from vllm import LLM, SamplingParams
+class _VLLMEngine:
+    name = "vllm-cpu"
 
-    llm, prompts, params = None, [], None
+    def __init__(self, path: str, w: CpuWorkload, threads: int) -> None:
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=path, dtype="float32", skip_tokenizer_init=True, enable_prefix_caching=False)
+        self.prompts = [{"prompt_token_ids": p} for p in w.prompts]
+        self.params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True, detokenize=False)
+        self.w = w
+
+    def run(self) -> float:
+        t0 = time.perf_counter()
+        outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        if sum(len(o.outputs[0].token_ids) for o in outs) != self.w.output_tokens:
+            raise RuntimeError("vLLM generated the wrong number of tokens")
+        return wall
+
+    def close(self) -> None:
+        del self.llm
+
+
+ENGINES = {NanoRunner.name: NanoRunner, HFRunner.name: HFRunner, _VLLMEngine.name: _VLLMEngine}
+
+
+def worker(engine: str, path: str, threads: int) -> None:
+    """The worker side of WorkerRunner: builds `engine` on the first message, then times one call per message."""
+    runner = None
     for line in sys.stdin:
         msg = json.loads(line)
         if "prompts" in msg:
-            llm = LLM(model=path, dtype="float32", skip_tokenizer_init=True, enable_prefix_caching=False)
-            prompts = [{"prompt_token_ids": p} for p in msg["prompts"]]
-            params = SamplingParams(temperature=0.0, max_tokens=msg["max_tokens"], ignore_eos=True, detokenize=False)
-            llm.generate(prompts, params, use_tqdm=False)  # warm-up
+            w = CpuWorkload("worker", msg["prompts"], msg["max_tokens"])
+            runner = ENGINES[engine](path, w, threads)
             reply: dict[str, Any] = {"ready": True}
         else:
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            reply = {"wall_s": time.perf_counter() - t0,
-                     "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+            reply = {"wall_s": runner.run(), "output_tokens": runner.w.output_tokens}
         print("BENCH_CPU " + json.dumps(reply), flush=True)
+    if runner is not None:
+        runner.close()
 
 
 def vllm_python(explicit: str | None) -> str | None:
@@ -201,12 +224,13 @@ def run_benchmark(model: str = "qwen3-gqa4", rounds: int = 3, threads: int = 1, 
     path = model_path(model)
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     w = cpu_workload(vocab, **workload)
-    runners: list[Any] = [NanoRunner(path, w, threads)]
+    runners: list[Any] = []
     try:
+        runners.append(WorkerRunner(NanoRunner.name, sys.executable, path, w, threads))
         if peers:
-            runners.append(HFRunner(path, w, threads))
+            runners.append(WorkerRunner(PEER, sys.executable, path, w, threads))
         if peers and vllm:
-            runners.append(VLLMRunner(vllm, path, w))
+            runners.append(WorkerRunner(_VLLMEngine.name, vllm, path, w, threads))
         for r in runners:  # warm-up: the whole workload once, untimed
             r.run()
         return w, interleaved(runners, rounds, threads)
@@ -226,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--vllm-python", default=None,
                    help="a Python with vLLM's CPU build (default: this one if it has vllm)")
-    p.add_argument("--vllm-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", default=None, choices=sorted(ENGINES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.vllm_worker:
-        return vllm_worker(args.vllm_worker)
+    if args.worker:
+        return worker(args.worker, args.model, args.threads)
     from .tables import save_result, text_table
 
     vllm = vllm_python(args.vllm_python)

@@ -13,11 +13,12 @@ this Python imports it), interleaved round by round (perf/bench_cpu.py).
 from __future__ import annotations
 
 import statistics
+import sys
 from typing import Any
 
 import pytest
 
-from perf.bench_cpu import PEER, HFRunner, NanoRunner, VLLMRunner, cpu_workload, model_path, vllm_python
+from perf.bench_cpu import PEER, NanoRunner, WorkerRunner, cpu_workload, model_path, vllm_python
 
 MODEL = "qwen3-gqa4"
 
@@ -28,11 +29,11 @@ def _bench(benchmark: Any, w_kwargs: dict[str, Any], rounds: int, vllm: bool) ->
 
     path = model_path(MODEL)
     w = cpu_workload(json.loads((Path(path) / "config.json").read_text())["vocab_size"], **w_kwargs)
-    nano = NanoRunner(path, w, threads=1)
-    peers: list[Any] = [HFRunner(path, w, threads=1)]
+    nano = WorkerRunner(NanoRunner.name, sys.executable, path, w, threads=1)  # each engine in its own process
+    peers: list[Any] = [WorkerRunner(PEER, sys.executable, path, w, threads=1)]
     python = vllm_python(None) if vllm else None
     if python:
-        peers.append(VLLMRunner(python, path, w))
+        peers.append(WorkerRunner("vllm-cpu", python, path, w, threads=1))
     try:
         for r in [nano, *peers]:
             r.run()  # warm-up

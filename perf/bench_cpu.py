@@ -195,14 +195,12 @@ def vllm_python(explicit: str | None) -> str | None:
     return sys.executable if probe.returncode == 0 else None
 
 
-def interleaved(runners: list[Any], rounds: int, threads: int) -> dict[str, list[float]]:
-    """Wall seconds per engine and round; the order rotates every round, so no engine always runs first."""
-    import torch
-
+def interleaved(runners: list[Any], rounds: int) -> dict[str, list[float]]:
+    """Wall seconds per engine and round; the order rotates every round, so no engine always runs first. (Each
+    engine sets its own threads in its worker process.)"""
     walls: dict[str, list[float]] = {r.name: [] for r in runners}
     for i in range(rounds):
         for r in runners[i % len(runners):] + runners[: i % len(runners)]:
-            torch.set_num_threads(threads)
             walls[r.name].append(r.run())
     return walls
 
@@ -233,7 +231,7 @@ def run_benchmark(model: str = "qwen3-gqa4", rounds: int = 3, threads: int = 1, 
             runners.append(WorkerRunner(_VLLMEngine.name, vllm, path, w, threads))
         for r in runners:  # warm-up: the whole workload once, untimed
             r.run()
-        return w, interleaved(runners, rounds, threads)
+        return w, interleaved(runners, rounds)
     finally:
         for r in runners:
             r.close()

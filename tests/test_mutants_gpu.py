@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tools.mutants import MUTANTS, ROOT, find
+from tools.mutants import MUTANTS, ROOT, find, pytest_env
 from tools.mutants_gpu import (
     GOLDEN_GPU,
     Run,
-    _environment,
     classify,
     gpu_args,
     gpu_mutants,
@@ -48,7 +47,8 @@ def test_commands_run_the_gpu_tests_that_reach_the_site() -> None:
     baselines = [r for r in runs if r.mutant is None]
     assert runs[: len(baselines)] == baselines and len({r.args for r in baselines}) == len(baselines)
     assert {r.args for r in runs} == {r.args for r in baselines}
-    assert "TRITON_INTERPRET" not in _environment(ROOT)
+    assert "TRITON_INTERPRET" not in pytest_env(ROOT, interpret=False)
+    assert pytest_env(ROOT, interpret=True)["TRITON_INTERPRET"] == "1"
 
 
 def test_classifies_machine_failures_timeouts_and_baselines() -> None:

@@ -340,12 +340,26 @@ def conformance_args(m: Mutant) -> tuple[str, ...] | None:
     return (*m.conformance, "-m", "gpu") if torch.cuda.is_available() else None
 
 
+def pytest_env(root: Path, interpret: bool) -> dict[str, str]:
+    """The environment of a pytest run in the tree copy `root`: Triton in the interpreter (CPU) or compiled (GPU)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_PROFILE": "mutants",
+           "OMP_NUM_THREADS": "1"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def failing_tests(log: str) -> list[str]:
+    """The node ids pytest's -rfE summary lists as FAILED or ERROR."""
+    return re.findall(r"^(?:FAILED|ERROR) (\S+)", log, flags=re.M)
+
+
 def run_pytest(root: Path, args: tuple[str, ...], timeout: float) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
-           "HYPOTHESIS_PROFILE": "mutants", "OMP_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(pytest_command(args), cwd=root, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(pytest_command(args), cwd=root, env=pytest_env(root, interpret=True),
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return 124, "timeout"
     return done.returncode, done.stdout + done.stderr
@@ -361,7 +375,7 @@ def outcome(root: Path, name: str, args: tuple[str, ...] | None, timeout: float)
         return Outcome(False, ["(no tests collected)"], seconds)
     if code not in (0, 1, 2, 124):
         raise RuntimeError(f"mutant {name}: pytest exited {code} (usage or internal error):\n{log[-3000:]}")
-    by = re.findall(r"^(?:FAILED|ERROR) (\S+)", log, flags=re.M)
+    by = failing_tests(log)
     if code == 124:
         by = ["(timeout)"]
     elif code and not by:

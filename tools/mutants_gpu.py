@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mutants import IGNORE, OPTIONS, Mutant, check_snippets, pytest_command
+from .mutants import IGNORE, OPTIONS, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
 
 KERNEL_MODULE = "conformance/test_kernels.py"
 # a fixed KV cache: sized from free memory (90% of the GPU by default), two engines started at once would
@@ -81,16 +81,9 @@ class Run:
     seconds: float = 0.0
 
 
-def _environment(root: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_PROFILE": "mutants",
-           "OMP_NUM_THREADS": "1"}
-    env.pop("TRITON_INTERPRET", None)  # compiled kernels on the GPU
-    return env
-
-
 def classify(code: int, log: str) -> tuple[str, str]:
     """(status, first failing test or reason) of a finished pytest."""
-    failed = [line.split()[1] for line in log.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    failed = failing_tests(log)
     if code == 124:
         return "timeout", ""
     if code in (1, 2) and any(s in log for s in MACHINE_FAILURES):
@@ -117,7 +110,8 @@ def execute(run: Run, source: Path, deadline: float, timeout: float, logs: Path 
             path = root / run.mutant.file
             path.write_text(path.read_text().replace(run.mutant.old, run.mutant.new))
         t0 = time.monotonic()
-        proc = subprocess.Popen(pytest_command(run.args), cwd=root, env={**_environment(root), **(env_extra or {})},
+        env = {**pytest_env(root, interpret=False), **(env_extra or {})}  # compiled kernels on the GPU
+        proc = subprocess.Popen(pytest_command(run.args), cwd=root, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         LIVE.add(proc)
         try:

@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block size (nano-vllm's default: 256)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--latency-batches", default="1,64")
     p.add_argument("--prompt-len", type=int, default=512, help="latency mode prompt length")
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens,
                     gpu_memory_utilization=args.gpu_memory_utilization,
-                    async_scheduling=not args.sync_scheduling)
+                    async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size)
     init_s = time.perf_counter() - t0
     warmup(llm, max_prompt=min(1024, args.max_model_len // 2))
     print(f"engine ready in {init_s:.1f} s (+ warm-up {time.perf_counter() - t0 - init_s:.1f} s); "

@@ -33,15 +33,8 @@ import os
 
 import torch
 
+from ._triton_common import LOG2E, dot_precision, num_sms, tl, triton, upcast_dots
 from .prefill_attention import prefill_attention_reference
-
-try:
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import LOG2E, attend_tile, dot_precision, num_sms, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def decode_attention_reference(
@@ -57,6 +50,7 @@ def decode_attention_reference(
 
 
 if triton is not None:
+    from ._triton_common import attend_tile
 
     @triton.jit
     def _decode_split_kernel(

@@ -19,15 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._triton_common import dot_precision, tl, triton, upcast_dots
 from .activation import silu_and_mul, silu_and_mul_reference
-
-try:
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import dot_precision, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def fused_moe_ref(

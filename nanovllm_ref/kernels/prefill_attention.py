@@ -25,13 +25,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import LOG2E, attend_tile, dot_precision, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import LOG2E, dot_precision, tl, triton, upcast_dots
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -72,6 +66,7 @@ def prefill_attention_reference(
 
 
 if triton is not None:
+    from ._triton_common import attend_tile
 
     # stride_bt is the widest block table of the step: specializing on it (== 1, % 16) would compile new
     # variants mid-run as prompt lengths change

@@ -10,7 +10,6 @@ from .metadata import AttentionMetadata
 
 
 class AttentionBackend(ABC):
-    name = "base"
     fused_store_ok = False  # True: store_kv is the reference store (the fused QKV epilogue may replace it)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:

@@ -26,7 +26,6 @@ def flash_attn_available() -> bool:
 
 
 class FlashAttnBackend(TritonBackend):  # its store_kv: the Triton KV-store kernel
-    name = "flash-attn"
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:

@@ -19,7 +19,6 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 
 class TritonBackend(AttentionBackend):
-    name = "triton"
     fused_store_ok = True
 
     @classmethod

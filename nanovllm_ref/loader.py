@@ -23,8 +23,6 @@ LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def safetensors_files(path: str) -> list[str]:
-    if not os.path.isdir(path):
-        raise ValueError(f"model path {path!r} is not a folder")
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")

@@ -195,16 +195,14 @@ def decode_attention(
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_seqs == 0:
         return out
     cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        batch = split_batch or num_seqs
-        num_splits = decode_num_splits(batch, num_kv_heads, max_context, block_n, num_sms(q.device))
+        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, num_sms(q.device))
     block_d = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)

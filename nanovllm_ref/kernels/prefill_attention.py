@@ -170,8 +170,7 @@ def prefill_attention(
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
     if max_query_len is None:

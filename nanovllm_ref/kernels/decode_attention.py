@@ -174,12 +174,8 @@ def decode_workspace_numel(num_seqs: int, num_heads: int, head_dim: int, num_spl
 
 
 def decode_attention(
-    q: torch.Tensor,  # (num_seqs, num_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the query token
-    scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,  # as decode_attention_reference's
     *,
     max_seq_len: int | None = None,  # optional upper bound of seq_lens (only steers num_splits)
     num_splits: int | None = None,  # override the heuristic (tests, tuning)

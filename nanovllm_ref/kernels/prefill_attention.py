@@ -151,13 +151,8 @@ def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query
 
 
 def prefill_attention(
-    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the queries
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,  # as prefill_attention_reference's
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output

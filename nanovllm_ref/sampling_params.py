@@ -103,9 +103,7 @@ class SamplingParams:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
-    def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:
-        """What depends on the model, checked when the request is added: token ids and top_k against the
-        vocabulary, stop strings against the presence of a tokenizer."""
+    def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:  # see the module docstring
         if self.top_k > vocab_size:
             raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (-1/0: off), got {self.top_k}")
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):

@@ -52,7 +52,8 @@ def apply_warpers(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         return scores
     # transformers' MinPLogitsWarper: drop tokens less likely than min_p times the most likely one
     probs = scores.softmax(dim=-1)
-    return scores.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    top = probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(probs < min_p[:, None] * top, float("-inf"))
 
 
 @dataclass

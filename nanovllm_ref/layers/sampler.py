@@ -15,12 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.sampling import gumbel_sample, gumbel_sample_reference, row_keys, uniform_noise
-
-
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(n, vocab) float32 uniform in (0, 1): the noise source of sampling, exposed for tests."""
-    return uniform_noise(row_keys(seeds, counters), vocab)
+from ..kernels.sampling import gumbel_sample, gumbel_sample_reference
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,9 @@ class AttentionBackend(ABC):
         """Raise ValueError naming the limit if this backend cannot run the configuration."""
 
     @abstractmethod
-    def store_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> None: ...
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None: ...
 
     @abstractmethod
-    def forward(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-        ...
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor: ...  # (num_tokens, num_heads, head_dim)

@@ -61,10 +61,8 @@ class BlockManager:
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
             h = hash_block(parent, tokens)
             block_id = self.cached.get(h)
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.parent_hash != parent or block.token_ids != tuple(tokens):
+            block = None if block_id is None else self.blocks[block_id]
+            if block is None or block.parent_hash != parent or block.token_ids != tuple(tokens):
                 break
             hits.append(block_id)
             parent = h

@@ -12,16 +12,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .sampling_params import check_bools, check_int
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None, none_ok: bool = False) -> None:
-    if value is None and none_ok:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an int {limit}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -55,28 +49,26 @@ class Config:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        _check_int("max_num_seqs", self.max_num_seqs, 1)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _check_int("max_model_len", self.max_model_len, 1, none_ok=True)
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("max_model_len", self.max_model_len, 1, none_ok=True)
         bs = self.kvcache_block_size
-        _check_int("kvcache_block_size", bs, 16)
+        check_int("kvcache_block_size", bs, 16)
         if bs & (bs - 1):
             raise ValueError(f"kvcache_block_size must be a power of two >= 16, got {bs}")
-        _check_int("num_kvcache_blocks", self.num_kvcache_blocks, 1, none_ok=True)
+        check_int("num_kvcache_blocks", self.num_kvcache_blocks, 1, none_ok=True)
         util = self.gpu_memory_utilization
         if not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
         gb = self.kv_cache_memory_gb
         if not isinstance(gb, (int, float)) or not gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {gb!r}")
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
+        check_bools(self, "enable_prefix_caching", "enforce_eager", "async_scheduling")
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
-        _check_int("seed", self.seed, 0)
-        _check_int("cpu_threads", self.cpu_threads, 1, none_ok=True)
+        check_int("seed", self.seed, 0)
+        check_int("cpu_threads", self.cpu_threads, 1, none_ok=True)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
 

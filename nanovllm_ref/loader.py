@@ -16,13 +16,13 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from .layers.linear import _check_shape
+
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def safetensors_files(path: str) -> list[str]:
-    if not os.path.isdir(path):
-        raise ValueError(f"model path {path!r} is not a folder")
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")
@@ -59,9 +59,7 @@ def load_weights(model: nn.Module, path: str) -> None:
                         raise ValueError(f"checkpoint tensor {name!r} has dtype {tensor.dtype}, which is not "
                                          f"supported (loadable: float32, float16, bfloat16; no quantized weights)")
                     try:
-                        param.weight_loader(param, tensor, shard_id) if hasattr(param, "weight_loader") else (
-                            _copy_checked(param, tensor)
-                        )
+                        getattr(param, "weight_loader", _copy_checked)(param, tensor, shard_id)
                     except ValueError as e:
                         raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
                     loaded.add(target if shard_id is None else f"{target}#{shard_id}")
@@ -72,9 +70,8 @@ def load_weights(model: nn.Module, path: str) -> None:
     _check_complete(model, params, mapping, loaded, tied)
 
 
-def _copy_checked(param: nn.Parameter, tensor: torch.Tensor) -> None:
-    if tuple(tensor.shape) != tuple(param.shape):
-        raise ValueError(f"shape mismatch: checkpoint has {tuple(tensor.shape)}, model expects {tuple(param.shape)}")
+def _copy_checked(param: nn.Parameter, tensor: torch.Tensor, shard_id: object = None) -> None:
+    _check_shape(param, tensor, param.shape)
     param.data.copy_(tensor)
 
 

@@ -29,9 +29,18 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if not _is_int(value) or not low <= value <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+def check_int(name: str, value: object, low: int, high: int | None = None, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an int {limit}, got {value!r}")
+
+
+def check_bools(obj: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise ValueError(f"{name} must be a bool, got {getattr(obj, name)!r}")
 
 
 def _check_number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
@@ -63,7 +72,7 @@ class SamplingParams:
     logprobs_mode: str = "raw_logprobs"
 
     def __post_init__(self) -> None:
-        _check_int("n", self.n, 1, MAX_N)
+        check_int("n", self.n, 1, MAX_N)
         t = self.temperature
         if not _is_number(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
@@ -74,16 +83,11 @@ class SamplingParams:
         _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e4, low_open=True)
-        if self.seed is not None:
-            _check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1)
-        _check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
-        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if stop is None:
-            stop = ()
+        check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1, none_ok=True)
+        check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
+        check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        check_bools(self, "ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+        stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
@@ -99,9 +103,7 @@ class SamplingParams:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
-    def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:
-        """What depends on the model, checked when the request is added: token ids and top_k against the
-        vocabulary, stop strings against the presence of a tokenizer."""
+    def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:  # see the module docstring
         if self.top_k > vocab_size:
             raise ValueError(f"top_k must be <= the vocabulary size {vocab_size} (-1/0: off), got {self.top_k}")
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):
@@ -110,10 +112,6 @@ class SamplingParams:
                 raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
         if self.stop and not has_tokenizer:
             raise ValueError("stop strings need a tokenizer, and the checkpoint has none: use stop_token_ids")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
 
     @property
     def uses_penalties(self) -> bool:

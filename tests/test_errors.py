@@ -160,12 +160,16 @@ def test_extra_tensor(broken_checkpoint):
         LLM(str(broken_checkpoint))
 
 
-def test_wrong_shape_names_tensor_and_both_shapes(broken_checkpoint):
+# a packed linear, the vocab-parallel embedding (both dims) and a plain parameter (no weight_loader)
+@pytest.mark.parametrize("name, dims", [("model.layers.0.mlp.up_proj.weight", 0), ("model.embed_tokens.weight", 0),
+                                        ("model.embed_tokens.weight", 1), ("model.norm.weight", 0)])
+def test_wrong_shape_names_tensor_and_both_shapes(broken_checkpoint, name, dims):
     def shrink(t):
-        t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"][:-1].contiguous()
+        t[name] = t[name].narrow(dims, 0, t[name].shape[dims] - 1).contiguous()
 
     _edit_weights(broken_checkpoint, shrink)
-    with pytest.raises(ValueError, match=r"up_proj.weight.*checkpoint has \(\d+, \d+\), model expects \(\d+, \d+\)"):
+    shape = r"\(\d+(, \d+)?,?\)"
+    with pytest.raises(ValueError, match=rf"{name}.*checkpoint has {shape}, model expects {shape}"):
         LLM(str(broken_checkpoint))
 
 

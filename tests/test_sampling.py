@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nanovllm_ref import LLM, SamplingParams
-from nanovllm_ref.layers.sampler import SamplingBatch, apply_top_k_top_p, counter_uniform, sample
+from nanovllm_ref.kernels.sampling import row_keys, uniform_noise
+from nanovllm_ref.layers.sampler import SamplingBatch, apply_top_k_top_p, sample
 
 from .conftest import QWEN3, checkpoint_path
 
@@ -63,8 +64,11 @@ def test_filter_handles_rows_independently():
 
 
 def test_counter_uniform_is_uniform_and_deterministic():
-    u = counter_uniform(torch.tensor([1, 2]), torch.tensor([0, 0]), 100_000)
-    assert torch.equal(u, counter_uniform(torch.tensor([1, 2]), torch.tensor([0, 0]), 100_000))
+    def counter_uniform(seeds, counters, vocab):  # the noise source of sampling
+        return uniform_noise(row_keys(torch.tensor(seeds), torch.tensor(counters)), vocab)
+
+    u = counter_uniform([1, 2], [0, 0], 100_000)
+    assert torch.equal(u, counter_uniform([1, 2], [0, 0], 100_000))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert not torch.equal(u[0], u[1])
 

@@ -10,7 +10,6 @@ from .metadata import AttentionMetadata
 
 
 class AttentionBackend(ABC):
-    name = "base"
     fused_store_ok = False  # True: store_kv is the reference store (the fused QKV epilogue may replace it)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
@@ -23,13 +22,9 @@ class AttentionBackend(ABC):
         """Raise ValueError naming the limit if this backend cannot run the configuration."""
 
     @abstractmethod
-    def store_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> None: ...
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None: ...
 
     @abstractmethod
-    def forward(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-        ...
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor: ...  # (num_tokens, num_heads, head_dim)

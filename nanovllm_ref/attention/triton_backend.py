@@ -19,7 +19,6 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 
 class TritonBackend(AttentionBackend):
-    name = "triton"
     fused_store_ok = True
 
     @classmethod
@@ -34,11 +33,8 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if meta.decode_only:
-            return decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]), order=meta.decode_order,
-            )
-        return prefill_attention(
-            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale,
-            max_query_len=meta.max_query_len,
-        )
+            return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                    max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
+                                    order=meta.decode_order)
+        return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                 self.scale, max_query_len=meta.max_query_len)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .sequence import Sequence
 
@@ -19,15 +20,13 @@ def hash_block(parent_hash: int, token_ids: Iterable[int]) -> int:
     return hash((parent_hash, tuple(token_ids)))
 
 
+@dataclass(slots=True, eq=False)
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash: int | None = None  # set once the block is full and computed
-        self.parent_hash = 0
-        self.token_ids: tuple[int, ...] = ()
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full and computed
+    parent_hash: int = 0
+    token_ids: tuple[int, ...] = ()
 
 
 class BlockManager:
@@ -62,10 +61,8 @@ class BlockManager:
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
             h = hash_block(parent, tokens)
             block_id = self.cached.get(h)
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.parent_hash != parent or block.token_ids != tuple(tokens):
+            block = None if block_id is None else self.blocks[block_id]
+            if block is None or block.parent_hash != parent or block.token_ids != tuple(tokens):
                 break
             hits.append(block_id)
             parent = h
@@ -74,10 +71,8 @@ class BlockManager:
         return hits
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
-        """Give `seq` the cached blocks and enough new blocks for `num_new_tokens` more tokens.
-
-        All or nothing: returns False and changes nothing if the free blocks do not suffice.
-        """
+        """Give `seq` the cached blocks and enough new blocks for `num_new_tokens` more tokens; all or nothing:
+        returns False and changes nothing if the free blocks do not suffice."""
         if not cached_blocks and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
             return True  # fits in the blocks it has (most decode steps)
         total = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens

@@ -15,8 +15,6 @@ from ..config import Config
 from ..models import check_sliding_window
 from .model_runner import RunnerSpec
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def load_hf_config(path: str) -> Any:
     from transformers import AutoConfig
@@ -47,7 +45,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA GPU")
     if config.dtype != "auto":
-        dtype = _DTYPES[config.dtype]
+        dtype = getattr(torch, config.dtype)  # one of config.DTYPES
     elif device == "cpu":
         dtype = torch.float32
     else:

@@ -19,11 +19,11 @@ import os
 
 import torch
 
-try:
+try:  # optional (the "gpu" extra): without it the torch references still import
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover
-    triton = None
+    triton = tl = None
 
 LOG2E = 1.4426950408889634
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import tl, triton
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:  # (n, 2 * d) -> (n, d)

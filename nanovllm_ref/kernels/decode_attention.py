@@ -33,15 +33,8 @@ import os
 
 import torch
 
+from ._triton_common import LOG2E, dot_precision, num_sms, tl, triton, upcast_dots
 from .prefill_attention import prefill_attention_reference
-
-try:
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import LOG2E, attend_tile, dot_precision, num_sms, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def decode_attention_reference(
@@ -57,6 +50,7 @@ def decode_attention_reference(
 
 
 if triton is not None:
+    from ._triton_common import attend_tile
 
     @triton.jit
     def _decode_split_kernel(
@@ -180,12 +174,8 @@ def decode_workspace_numel(num_seqs: int, num_heads: int, head_dim: int, num_spl
 
 
 def decode_attention(
-    q: torch.Tensor,  # (num_seqs, num_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the query token
-    scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,  # as decode_attention_reference's
     *,
     max_seq_len: int | None = None,  # optional upper bound of seq_lens (only steers num_splits)
     num_splits: int | None = None,  # override the heuristic (tests, tuning)
@@ -201,16 +191,14 @@ def decode_attention(
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_seqs == 0:
         return out
     cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        batch = split_batch or num_seqs
-        num_splits = decode_num_splits(batch, num_kv_heads, max_context, block_n, num_sms(q.device))
+        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, num_sms(q.device))
     block_d = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)

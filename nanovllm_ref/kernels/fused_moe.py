@@ -19,15 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._triton_common import dot_precision, tl, triton, upcast_dots
 from .activation import silu_and_mul, silu_and_mul_reference
-
-try:
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import dot_precision, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def fused_moe_ref(
@@ -127,14 +120,9 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, 
     return c
 
 
-def fused_moe(
-    x: torch.Tensor,  # (T, H)
-    w_gate_up: torch.Tensor,  # (E, 2 * I, H)
-    w_down: torch.Tensor,  # (E, H, I)
-    topk_weights: torch.Tensor,  # (T, K) in x.dtype
-    topk_ids: torch.Tensor,  # (T, K)
-) -> torch.Tensor:  # (T, H)
-    """Triton version of `fused_moe_ref` (two grouped-GEMM launches, see the module docstring)."""
+def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """Triton version of `fused_moe_ref`, same arguments (two grouped-GEMM launches, see the module docstring)."""
     assert triton is not None, "fused_moe needs triton; use fused_moe_ref"
     num_tokens, k = topk_ids.shape
     if num_tokens == 0:

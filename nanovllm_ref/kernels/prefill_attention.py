@@ -25,13 +25,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-
-    from ._triton_common import LOG2E, attend_tile, dot_precision, upcast_dots
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import LOG2E, dot_precision, tl, triton, upcast_dots
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -72,6 +66,7 @@ def prefill_attention_reference(
 
 
 if triton is not None:
+    from ._triton_common import attend_tile
 
     # stride_bt is the widest block table of the step: specializing on it (== 1, % 16) would compile new
     # variants mid-run as prompt lengths change
@@ -158,13 +153,8 @@ def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query
 
 
 def prefill_attention(
-    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the queries
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,  # as prefill_attention_reference's
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
@@ -177,8 +167,7 @@ def prefill_attention(
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
     if max_query_len is None:

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import tl, triton
 
 _M32 = 0xFFFFFFFF
 

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import tl, triton
 
 
 def store_kv_reference(
@@ -71,14 +67,10 @@ if triton is not None:
         tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(
-    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
-    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    slot_mapping: torch.Tensor,  # (num_tokens,) int32/int64, -1 = padding token, not stored
-) -> None:
-    """Triton version of `store_kv_reference` (same semantics, in place). CUDA-graph safe: no host sync."""
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Triton version of `store_kv_reference` (same arguments, slots int32 or int64; in place). CUDA-graph safe:
+    no host sync."""
     assert triton is not None, "store_kv needs triton; use store_kv_reference"
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape[0] == num_tokens

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, gather_last_dim_to_first_rank, tp_rank, tp_size
+from .linear import _check_shape
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -23,11 +24,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
-            raise ValueError(
-                f"shape mismatch: checkpoint has {tuple(loaded.shape)}, "
-                f"model expects {(self.vocab_size, *param.shape[1:])}"
-            )
+        _check_shape(param, loaded, (self.vocab_size, *param.shape[1:]))
         part = loaded[self.start : self.start + self.shard]
         param.data.zero_()
         param.data[: part.shape[0]].copy_(part)
@@ -42,11 +39,6 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def __init__(self, vocab_size: int, hidden: int, bias: bool = False) -> None:
-        super().__init__(vocab_size, hidden)
-        if bias:
-            raise ValueError("an LM head with bias is not supported")
-
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # (n, vocab) on rank 0
         logits = gather_last_dim_to_first_rank(F.linear(hidden, self.weight))
         return None if logits is None else logits[:, : self.vocab_size]

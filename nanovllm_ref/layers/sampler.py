@@ -15,12 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.sampling import gumbel_sample, gumbel_sample_reference, row_keys, uniform_noise
-
-
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(n, vocab) float32 uniform in (0, 1): the noise source of sampling, exposed for tests."""
-    return uniform_noise(row_keys(seeds, counters), vocab)
+from ..kernels.sampling import gumbel_sample, gumbel_sample_reference
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -41,13 +36,6 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def apply_min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """transformers' MinPLogitsWarper: drop tokens less likely than min_p times the most likely one."""
-    probs = scores.softmax(dim=-1)
-    top = probs.amax(dim=-1, keepdim=True)
-    return scores.masked_fill(probs < min_p[:, None] * top, float("-inf"))
-
-
 def apply_warpers(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                   top_p: torch.Tensor | None, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """transformers' warper order: temperature (greedy rows: 1), top-k, top-p, min-p; None skips a warper.
@@ -55,7 +43,12 @@ def apply_warpers(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     scores = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]
     if top_k is not None:
         scores = apply_top_k_top_p(scores, top_k, top_p)
-    return scores if min_p is None else apply_min_p(scores, min_p)
+    if min_p is None:
+        return scores
+    # transformers' MinPLogitsWarper: drop tokens less likely than min_p times the most likely one
+    probs = scores.softmax(dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(probs < min_p[:, None] * top, float("-inf"))
 
 
 @dataclass

@@ -25,10 +25,8 @@ def check_sliding_window(hf_config: Any, max_model_len: int) -> None:
     window = getattr(hf_config, "sliding_window", None)
     in_use = getattr(hf_config, "use_sliding_window", True)  # Qwen2 has the flag; Mistral uses it when set
     if window and in_use and max_model_len > window:
-        raise ValueError(
-            f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention is not "
-            f"implemented; set max_model_len <= {window}"
-        )
+        raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
+                         f"is not implemented; set max_model_len <= {window}")
 
 
 def get_model_class(hf_config: Any) -> type[nn.Module]:
@@ -36,7 +34,5 @@ def get_model_class(hf_config: Any) -> type[nn.Module]:
     for arch in archs:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
-    raise ValueError(
-        f"unsupported architecture {archs or '(config.json has no architectures)'}; "
-        f"supported: {sorted(MODEL_REGISTRY)}"
-    )
+    raise ValueError(f"unsupported architecture {archs or '(config.json has no architectures)'}; "
+                     f"supported: {sorted(MODEL_REGISTRY)}")

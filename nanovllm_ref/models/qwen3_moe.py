@@ -55,9 +55,8 @@ class FusedExperts(nn.Module):
 
     def load_down(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None) -> None:
         """shard_id = expert for a per-expert (H, I) tensor; None for the fused (E, H, I)."""
-        expected = param.shape[1:] if shard_id is not None else param.shape
-        _check_shape(param, loaded, (*expected[:-1], self.full_inter))
         dst = param.data if shard_id is None else param.data[shard_id]
+        _check_shape(param, loaded, (*dst.shape[:-1], self.full_inter))
         dst.copy_(loaded.narrow(-1, tp_rank() * self.inter, self.inter))
 
 

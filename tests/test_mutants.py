@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tools import mutants
 from tools.mutants import IGNORE, MUTANTS, ROOT, check_snippets, find, run_mutant, table
 
 
@@ -52,3 +53,14 @@ def test_an_unknown_snippet_raises_before_running(tree: Path) -> None:
     assert (tree / mutant.file).read_text() == before
     with pytest.raises(SystemExit, match="no mutant matches"):
         find(MUTANTS, ["no-such-mutant"])
+
+
+def test_a_crashing_run_counts_as_caught(monkeypatch) -> None:
+    """A mutant that makes pytest die by a signal (an out-of-bounds read segfaults the Triton interpreter) turns
+    the suite red: it is caught, with the signal named; a positive unexpected exit code still raises."""
+    monkeypatch.setattr(mutants, "run_pytest", lambda root, args, timeout: (-11, "Fatal Python error"))
+    out = mutants.outcome(Path("."), "m", ("x",), 1.0)
+    assert out.caught and out.by == ["(crashed: signal 11)"]
+    monkeypatch.setattr(mutants, "run_pytest", lambda root, args, timeout: (3, "internal error"))
+    with pytest.raises(RuntimeError, match="exited 3"):
+        mutants.outcome(Path("."), "m", ("x",), 1.0)

@@ -83,6 +83,9 @@ MUTANTS: tuple[Mutant, ...] = (
       (RMS,), kernels("rms_norm")),
     M("rotary-kernel-sign", "nanovllm_ref/kernels/rotary.py", "b1 = (-x2 * sin[None, :])",
       "b1 = (x2 * sin[None, :])", "Triton RoPE: rotate-half without the minus sign", (ROT,), kernels("apply_rotary")),
+    M("rotary-kernel-half-mask", "nanovllm_ref/kernels/rotary.py", "d_mask = offs_d < HALF",
+      "d_mask = offs_d < BLOCK_HALF", "Triton RoPE masks to the padded half, not head_dim // 2 (head sizes like 80)",
+      (ROT,), kernels("apply_rotary")),
     M("attention-kernel-causal", "nanovllm_ref/kernels/_triton_common.py",
       "s = tl.where(offs_n[None, :] < row_end[:, None], s", "s = tl.where(offs_n[None, :] <= row_end[:, None], s",
       "Triton paged attention: the causal mask lets a query see one key too many", (KERNEL_ATTN,),
@@ -373,11 +376,13 @@ def outcome(root: Path, name: str, args: tuple[str, ...] | None, timeout: float)
     seconds = time.perf_counter() - t0
     if code == 5:  # every test deselected (e.g. a -k of cases this tree does not have yet): nothing caught it
         return Outcome(False, ["(no tests collected)"], seconds)
-    if code not in (0, 1, 2, 124):
+    if code not in (0, 1, 2, 124) and code > 0:
         raise RuntimeError(f"mutant {name}: pytest exited {code} (usage or internal error):\n{log[-3000:]}")
     by = failing_tests(log)
     if code == 124:
         by = ["(timeout)"]
+    elif code < 0:  # killed by a signal (a planted out-of-bounds read segfaults the interpreter): the run is red
+        by = [f"(crashed: signal {-code})"]
     elif code and not by:
         by = [f"(pytest exit {code})"]
     return Outcome(code != 0, by, seconds)

@@ -27,9 +27,9 @@ def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest
     ahead = []
     original = ModelRunner.launch_decode
 
-    def spy(self, step, prev=None, rows=None):
+    def spy(self, step, prev=None, rows=None, dst=None):
         ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables))))
-        return original(self, step, prev, rows)
+        return original(self, step, prev, rows, dst)
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch_decode", spy)

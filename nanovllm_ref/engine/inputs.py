@@ -102,10 +102,10 @@ def _token_columns(step: StepInput, input_ids: list[int], starts: list[int], blo
     table_array = np.zeros((len(tables), width), np.int32)
     for i, table in enumerate(tables):
         table_array[i, : len(table)] = table
-    q = np.array(step.query_start_loc)
+    q = np.array(step.query_start_loc, np.int64)
     lens = np.diff(q)
     seq_of_token = np.repeat(np.arange(len(tables)), lens)  # (num_tokens,)
-    positions = np.arange(q[-1]) + np.repeat(np.array(starts) - q[:-1], lens)
+    positions = np.arange(q[-1]) + np.repeat(np.array(starts, np.int64) - q[:-1], lens)
     slots = table_array[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     step.input_ids, step.positions, step.slot_mapping = np.array(input_ids, np.int64), positions, slots
     step.block_table_array = table_array

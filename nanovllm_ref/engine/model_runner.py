@@ -64,6 +64,32 @@ class RunnerSpec:
     cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
 
 
+def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
+           ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor]:
+    """An eager step's inputs on the device with one host-to-device copy: (input ids, positions, attention
+    metadata, logits rows, token rows `dst`). Packed into one int64 host buffer (pinned on CUDA, from torch's
+    caching host allocator, which reuses it only once its copy is done), split into views on the device. Fresh
+    each step: CPU attention backends may keep a step's tensors (`to` is a no-op there) to compare with the next."""
+    tables = step.block_table_array
+    if tables is None:
+        tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), np.int64)
+        for i, table in enumerate(step.block_tables):
+            tables[i, : len(table)] = table
+    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
+              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst or []]
+    sizes = [len(a) for a in arrays]
+    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
+    np.concatenate([np.asarray(a, np.int64) for a in arrays], out=host.numpy())
+    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows = host.to(
+        device, non_blocking=True).split(sizes)
+    meta = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
+        block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
+        max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
+    )
+    return ids, positions, meta, logits_rows, dst_rows
+
+
 class ModelRunner:
     def __init__(self, spec: RunnerSpec, hf_config: Any) -> None:
         self.spec, self.hf_config = spec, hf_config
@@ -85,7 +111,6 @@ class ModelRunner:
         else:
             load_weights(self.model, spec.model_path)
         self.graphs: DecodeGraphs | None = None
-        self._staging: list[torch.Tensor | None] = [None, None]  # pinned host buffers of eager steps, used in turn
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kvcache_blocks = self._allocate_kv_cache()
@@ -191,23 +216,6 @@ class ModelRunner:
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)
 
-    def _stage(self, arrays: list) -> list[torch.Tensor]:
-        """Int64 arrays (or lists) on the device with one host-to-device copy: packed into one host buffer, then
-        split into views on the device. On CUDA the buffer is pinned and one of two used in turn (one stage per
-        step: the buffer of the step before may still be being copied, the one before that is done); on the CPU
-        it is fresh each step (attention backends may keep a step's tensors to compare with the next)."""
-        sizes = [len(a) for a in arrays]
-        total = sum(sizes)
-        if self.device.type == "cuda":
-            self._staging.reverse()
-            if self._staging[0] is None or self._staging[0].numel() < total:
-                self._staging[0] = torch.empty(2 * total, dtype=torch.int64, pin_memory=True)
-            host = self._staging[0][:total]
-        else:
-            host = torch.empty(total, dtype=torch.int64)
-        np.concatenate([np.asarray(a, np.int64) for a in arrays], out=host.numpy())
-        return list(host.to(self.device, non_blocking=True).split(sizes))
-
     def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
                        ) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
@@ -220,24 +228,12 @@ class ModelRunner:
                 taken = input_ids
             hidden = self.graphs.run(step, taken)
             return hidden if all_rows else hidden[self._tensor(step.logits_indices, torch.int64)]
-        tables = step.block_table_array
-        if tables is None:
-            tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), np.int64)
-            for i, table in enumerate(step.block_tables):
-                tables[i, : len(table)] = table
-        input_ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows = self._stage([
-            step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, tables.ravel(),
-            [] if all_rows else step.logits_indices, dst or []])
+        input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
         if taken is not None:
             if dst is None:
                 input_ids = taken
             else:
                 input_ids[dst_rows] = taken
-        meta = AttentionMetadata(
-            slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
-            block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
-            max_seq_len=self.spec.max_model_len,  # an upper bound, the same in eager and graph runs
-        )
         with forward_context(meta):
             hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
         return hidden if all_rows else hidden[logits_rows]

@@ -4,7 +4,10 @@ Each case runs the golden prompts in float32 under one engine setting and compar
 prompts at once, default settings): tokens exact (no divergence allowed) and logprobs within the tight
 float32 bound of ``invariance_tolerance()``. Cases: one request alone / batched with 63 others, prefix cache
 cold / warm, forced preemption, chunked prefill (max_num_batched_tokens=7), block size 256, and tensor
-parallelism (2 ranks over gloo on the CPU).
+parallelism (2 ranks over gloo on the CPU). Async scheduling (on by default) launches only steps without logprobs
+ahead, and the plain run asks for logprobs (every step waits for its tokens: the synchronous engine), so its case
+runs the prompts without logprobs and compares the tokens: chunked prefill next to decodes, and a KV cache small
+enough to preempt.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
 from nanovllm_ref.oracle.compare import EngineOutput
 from nanovllm_ref.oracle.references import Reference, run_check
+from nanovllm_ref.oracle.requests import RequestSpec
 from nanovllm_ref.oracle.tolerances import invariance_tolerance
 
 DTYPE = "float32"
@@ -130,3 +134,26 @@ def test_tensor_parallel(model_spec, plain, options, record) -> None:
         check(adapter, plain, f"tensor-parallel-{tp}", record)
     finally:
         adapter.close()
+
+
+@pytest.mark.parametrize("setting", [{"max_num_batched_tokens": 7}, {"max_num_batched_tokens": 20, "preempt": True}],
+                         ids=["chunked-prefill-7", "chunked-prefill-20-preemption"])
+def test_async_scheduling(model_spec, plain, setting) -> None:
+    """Greedy requests without logprobs (the steps async scheduling launches behind the one in flight: prefill
+    chunks, mixed and decode steps, their input ids partly from the step in flight) give the plain run's tokens."""
+    setting = dict(setting)
+    if setting.pop("preempt", False):
+        longest = max(len(p) for p in plain.prompts) + plain.max_tokens
+        setting.update(kvcache_block_size=16, num_kvcache_blocks=-(-longest // 16) + 2, max_model_len=longest)
+    specs = [RequestSpec(list(p), {"temperature": 0.0, "max_tokens": plain.max_tokens, "ignore_eos": True})
+             for p in plain.prompts]
+    want = [o.token_ids for o in plain.outputs]
+    adapter = NanovllmRefAdapter(model_spec.path, DTYPE, async_scheduling=True, **setting)
+    try:
+        got = [c[0].token_ids for c in adapter.run_requests(specs)]
+        if "num_kvcache_blocks" in setting:
+            assert adapter.num_preemptions > 0, "the tiny KV cache should have forced preemptions"
+    finally:
+        adapter.close()
+    bad = [pid for pid, g, w in zip(plain.prompt_ids, got, want) if g != w]
+    assert not bad, f"async scheduling, {setting}: tokens differ from the plain (synchronous) run for {bad}"

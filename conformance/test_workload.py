@@ -13,7 +13,10 @@ honoured and ignored, logprobs counts 0 / 1 / 5 / 20 / none, prompt logprobs on 
 with cache-using requests (asked twice), and a request whose ``max_tokens`` reaches ``max_model_len`` exactly.
 For nanovllm_ref the engine runs it with a KV cache small enough that prefix hits meet a full cache and
 preemption (asserted), and prefill chunk budgets of block_size - 1, block_size and block_size + 1 tokens; other
-engines get the same requests with their own defaults. When the adapter has ``observe_schedule``, every
+engines get the same requests with their own defaults. The chunk-budget case also runs requests without logprobs
+(steps an engine may schedule ahead of the one in flight), one ending on its prefill's own sample (max_tokens=1),
+and a seeded sample alone and next to the others (the same tokens: a request's draws never depend on the batch).
+When the adapter has ``observe_schedule``, every
 scheduling step is checked against the invariants of nanovllm_ref/oracle/schedule_check.py.
 """
 
@@ -240,11 +243,24 @@ def test_chunk_budgets(setup, options, engines, budget) -> None:
     w.run(adapter, [w.spec(n, max_tokens=3, ignore_eos=True, logprobs=j % 4, prompt_logprobs=3 if j % 2 else None)
                     for j, n in enumerate(names)], f"budget-{budget}")
     # again, all cached, without logprobs (steps an engine may schedule ahead), rows ending at different steps,
-    # one on a stop token
+    # one on a stop token, one on its prefill's own sample (max_tokens=1)
     tokens = ref.outputs[ref.prompt_ids.index("long_70")].token_ids
     again = [w.spec(n, max_tokens=3 + 2 * (j % 3), ignore_eos=True) for j, n in enumerate(names[::-1])]
     again.append(w.spec("long_70", max_tokens=12, stop_token_ids=[tokens[first_new(tokens, 4)]]))
+    again.append(w.spec("long_130", max_tokens=1, ignore_eos=True))
     w.run(adapter, again, f"budget-{budget}-again")
+    # a seeded sample draws the same tokens alone and next to other requests' prefill chunks and decodes
+    seeded = RequestSpec(list(ref.prompts[w.index["block_31"]]), {"temperature": 1.0, "seed": 1234, "max_tokens": 8,
+                                                                  "ignore_eos": True})
+    try:
+        alone = adapter.run_requests([seeded])[0][0].token_ids
+        batch = adapter.run_requests([r for _, r in again[:3]] + [seeded] + [r for _, r in again[3:]])
+    except UnsupportedSetting as e:
+        assert not w.failures, "\n".join(w.failures[:20])
+        pytest.skip(f"{adapter.name}: the seeded case needs {e}")
+    if batch[3][0].token_ids != alone:
+        w.failures.append(f"[budget-{budget}-seeded] a seeded sample drew {batch[3][0].token_ids} in a batch, "
+                          f"{alone} alone")
     if options.engine == "nanovllm_ref":
         assert steps and steps[0] > 0
     assert not w.failures, "\n".join(w.failures[:20])

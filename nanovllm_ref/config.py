@@ -32,7 +32,7 @@ class Config:
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV cache
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    # schedule the next decode step while the current one runs on the device (TP=1, steps without logprobs)
+    # schedule and launch the next step while the current one runs on the device (steps without logprobs)
     async_scheduling: bool = True
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"

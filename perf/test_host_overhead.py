@@ -7,6 +7,9 @@
   manager, 267 us per step (FACTS.md).
 - `test_headline_schedule`: the whole headline workload through the host loop (every prefill chunk and
   decode step), as the anchor measured: seconds per run and us per step.
+- `test_prefill_step_inputs`: the headline's first two steps (16,384 tokens each: 32 prompts, then prompt chunks
+  next to decodes): prepare_step and the eager runner's staging of the forward's inputs (`stage_step`, one
+  host-to-device copy; on the CPU the copy is a no-op), the host work of a prefill step before its kernels.
 Runs on every machine (CPU work); `NANOVLLM_REF_PERF_SLOW_HOST=1` slows it on purpose (perf/gate_demo.sh --cpu).
 """
 
@@ -15,10 +18,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import torch
 
+from nanovllm_ref.engine.inputs import prepare_step
+from nanovllm_ref.engine.model_runner import stage_step
 from perf import workloads
 from perf.device import percentile
-from perf.host_sim import HostSim
+from perf.host_sim import BLOCK_SIZE, HostSim
 
 NANO_VLLM_US_PER_STEP = 267.0
 DECODE_ROUNDS, DECODE_WARMUP = 200, 20
@@ -69,3 +75,23 @@ def test_headline_schedule(benchmark, headline):
         info.update(seconds=stats.median, us_per_step=stats.median / sim.steps * 1e6,
                     nano_vllm_anchor_us=NANO_VLLM_US_PER_STEP, nano_vllm_anchor_steps=1032)
     benchmark.extra_info.update(info)
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["prefill", "mixed"])
+def test_prefill_step_inputs(benchmark, headline, index):
+    sim = HostSim.build(headline)
+    for _ in range(index):
+        sim.step()
+    out = sim.scheduler.schedule()
+    assert out.num_batched_tokens == 16384
+    cpu = torch.device("cpu")
+
+    def inputs() -> int:
+        step = prepare_step(out, BLOCK_SIZE)
+        return stage_step(step, cpu, 8192)[0].numel()
+
+    benchmark.group = "host_overhead"
+    assert benchmark.pedantic(inputs, rounds=30, warmup_rounds=3, iterations=1) == 16384
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    benchmark.extra_info.update(tokens=16384, sequences=len(out.scheduled),
+                                **({"us_per_step": stats.median * 1e6} if stats is not None else {}))

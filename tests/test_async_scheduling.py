@@ -1,8 +1,9 @@
-"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch_decode): the decode step
-after the one in flight is scheduled and launched before that step's tokens are known, its input ids taken from
-the device. It must change nothing a user sees: the same tokens and finish reasons as the synchronous engine,
-with rows finishing (stop tokens, length limits up to max_model_len) while a step behind them is in flight,
-sampling with seeds, preemption, and an abort between steps.
+"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch_decode): the step after the
+one in flight (decode, prefill chunks, or both) is scheduled and launched before that step's tokens are known, the
+input ids of rows continuing from them taken on the device. It must change nothing a user sees: the same tokens,
+texts and finish reasons as the synchronous engine, with rows finishing (stop tokens, stop strings, length limits
+up to max_model_len, max_tokens=1 on the prefill's own sample) while a step behind them is in flight, chunked
+prefill mixed with decodes, prefix caching, n > 1, sampling with seeds, preemption, and aborts between steps.
 """
 
 from __future__ import annotations
@@ -22,19 +23,24 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(2, 200) for _ in range(rng.randint(3, 40))] for _ in range(n)]
 
 
-def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest.MonkeyPatch, **kw):
-    """(token ids and finish reason per prompt, [(launched ahead, with rows dropped, widest block table)])."""
+def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest.MonkeyPatch, full: bool = False,
+         **kw):
+    """(token ids and finish reason per prompt (`full`: token ids, text, finish and stop reason per sample),
+    [(launched ahead, with rows dropped, widest block table, a step with prefill chunks fed on the device)])."""
     ahead = []
     original = ModelRunner.launch_decode
 
-    def spy(self, step, prev=None, rows=None):
-        ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables))))
-        return original(self, step, prev, rows)
+    def spy(self, step, prev=None, rows=None, dst=None):
+        ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables)),
+                      dst is not None and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
+        return original(self, step, prev, rows, dst)
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch_decode", spy)
         with LLM(path, dtype="float32", async_scheduling=async_scheduling, **kw) as llm:
             outs = llm.generate(prompts, params, use_tqdm=False)
+    if full:
+        return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs], ahead
     return [(o.token_ids, o.finish_reason) for o in outs], ahead
 
 
@@ -70,7 +76,7 @@ def test_async_matches_sync_with_stops_lengths_and_sampling(path, monkeypatch):
     assert got == sync
     assert any(reason == "stop" for _, reason in sync) and any(reason == "length" for _, reason in sync)
     assert sum(p for p, *_ in ahead) > 5, "no step was launched ahead"
-    assert any(r for _, r, _ in ahead), "no step was launched ahead of one whose rows finished"
+    assert any(r for _, r, *_ in ahead), "no step was launched ahead of one whose rows finished"
 
 
 def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):
@@ -83,7 +89,7 @@ def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):
     got, ahead = _run(path, True, prompts, params, monkeypatch, **kw)
     assert got == sync
     assert all(len(p) + len(t) == 64 for p, (t, _) in zip(prompts, got))
-    assert max(w for *_, w in ahead) <= 64 // 16, "a block table grew past max_model_len"
+    assert max(w for _, _, w, _ in ahead) <= 64 // 16, "a block table grew past max_model_len"
     assert sum(p for p, *_ in ahead) > 5
 
 
@@ -122,3 +128,85 @@ def test_aborting_the_last_request_leaves_nothing_in_flight(path):
         rid = llm.add_request([8, 9], SamplingParams(max_tokens=3, ignore_eos=True))  # the engine serves on
         outs = [o for _ in range(10) for o in llm.step()]
         assert [len(o.token_ids) for o in outs if o.request_id == rid] == [3]
+
+
+def _mixed_requests(path: str, monkeypatch) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts of 3-90 tokens (some sharing a 40-token prefix) and per-request settings: greedy and seeded sampling,
+    n = 3, max_tokens = 1, a stop token that is the request's first sample (it finishes on its prefill's sample, as
+    with EOS), a stop string, different lengths."""
+    rng = random.Random(7)
+    shared = [rng.randrange(2, 200) for _ in range(40)]
+    prompts = [[rng.randrange(2, 200) for _ in range(rng.randint(3, 90))] for _ in range(10)]
+    prompts += [shared + [rng.randrange(2, 200) for _ in range(rng.randint(1, 20))] for _ in range(4)]
+    first, _ = _run(path, False, prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                    monkeypatch, full=True)
+    params = []
+    for i, [(tokens, text, _, _)] in enumerate(first):
+        kw = dict(max_tokens=4 + 3 * (i % 5), ignore_eos=True, temperature=0.0 if i % 2 else 0.9, seed=10 + i)
+        if i == 1:
+            kw["max_tokens"] = 1
+        elif i == 3:
+            kw["stop_token_ids"] = [tokens[0]]  # greedy: its first token, sampled in its (last) prefill step
+        elif i == 4:
+            kw["n"] = 3
+        elif i == 5:  # greedy: a stop string that its 6-token text holds past its first characters
+            kw.update(stop=[text[2:4]], ignore_eos=False)
+        params.append(SamplingParams(**kw))
+    return prompts, params
+
+
+@pytest.mark.parametrize("setting", [
+    dict(max_num_batched_tokens=24, max_num_seqs=6),  # chunks of long prompts next to other sequences' decodes
+    dict(max_num_batched_tokens=32, num_kvcache_blocks=12, max_model_len=128),  # preemption under chunked prefill
+    dict(max_num_batched_tokens=17, enable_prefix_caching=False),
+], ids=["chunked-mixed", "preemption", "no-prefix-cache"])
+def test_async_prefill_and_mixed_steps_match_sync(path, monkeypatch, setting):
+    prompts, params = _mixed_requests(path, monkeypatch)
+    counts = {}
+
+    def run(async_scheduling: bool):
+        with monkeypatch.context() as m:
+            preemptions = []
+            original = LLM.__exit__
+            m.setattr(LLM, "__exit__", lambda llm, *a: preemptions.append(llm.engine.scheduler.num_preemptions)
+                      or original(llm, *a))
+            got = _run(path, async_scheduling, prompts, params, m, full=True, **setting)
+        counts[async_scheduling] = preemptions[0]
+        return got
+
+    sync, _ = run(False)
+    got, ahead = run(True)
+    assert got == sync
+    assert len(got[1][0][0]) == 1 and len(got[4]) == 3
+    assert got[3][0][2:] == ("stop", got[3][0][0][0]) and len(got[3][0][0]) == 1  # stopped on its prefill's sample
+    assert got[5][0][2:] == ("stop", params[5].stop[0])
+    assert sum(chunked for *_, chunked in ahead) >= 3, "no step with prefill chunks was fed on the device"
+    if "num_kvcache_blocks" in setting:
+        assert counts[True] > 0 and counts[False] > 0, "the small KV cache should have forced preemptions"
+
+
+def test_abort_while_a_prefill_step_is_in_flight(path):
+    prompts = _prompts(6, seed=9) + [list(range(2, 90))]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    def run(async_scheduling: bool):
+        with LLM(path, dtype="float32", async_scheduling=async_scheduling, max_num_batched_tokens=20) as llm:
+            ids = [llm.add_request(p, params) for p in prompts]
+            results, general_ahead = {}, False
+            for i in range(200):
+                if i == 3:
+                    ahead = llm.engine._ahead
+                    general_ahead = ahead is not None and ahead[0].decode_batch is None
+                    for rid in (ids[-1], ids[0]):  # the long prompt, mid-prefill, and a decoding request
+                        results[rid] = llm.engine.abort_request(rid)
+                for out in llm.step():
+                    results[out.request_id] = out
+                if not llm.engine.has_unfinished():
+                    break
+            assert not llm.engine.has_unfinished() and llm.engine._ahead is None
+            return [(results[i].token_ids, results[i].finish_reason) for i in ids], general_ahead
+
+    (sync, _), (got, general_ahead) = run(False), run(True)
+    assert general_ahead, "no prefill step was in flight behind another when the requests were aborted"
+    assert got == sync
+    assert got[-1][1] == "abort" and got[0][1] == "abort"

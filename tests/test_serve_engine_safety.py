@@ -54,14 +54,15 @@ def test_64_bit_seeds_at_both_ends_are_served(llm):
 
 
 def _fail_next_execute(llm, message: str) -> None:
+    """The next step the runner runs raises: synchronously (`execute`) or launched (`launch_decode`: async scheduling
+    launches prefill steps too)."""
     runner = llm.engine.runner
-    original = runner.execute
 
     def broken(*args, **kwargs):
-        runner.execute = original
+        del runner.execute, runner.launch_decode  # the class's methods again
         raise RuntimeError(message)
 
-    runner.execute = broken
+    runner.execute = runner.launch_decode = broken
 
 
 def test_a_failing_step_fails_only_its_requests():

@@ -176,17 +176,20 @@ def test_slow_clients_time_out(server, http):
 
 def test_a_failing_step_fails_only_its_requests(server, http):
     runner = server.served.loop.llm.engine.runner
-    original = runner.execute
 
-    def broken(*args, **kwargs):
-        runner.execute = original  # fail once
+    def restore() -> None:
+        for name in ("execute", "launch_decode"):  # the class's methods again
+            runner.__dict__.pop(name, None)
+
+    def broken(*args, **kwargs):  # the next step, run synchronously or launched (async scheduling)
+        restore()  # fail once
         raise RuntimeError("injected failure")
 
-    runner.execute = broken
+    runner.execute = runner.launch_decode = broken
     try:
         r = http.post("/v1/completions", json={**NORMAL, "prompt": [8, 9, 10, 11]})
     finally:
-        runner.execute = original
+        restore()
     assert_error(r, 500, "injected failure")
     assert server.served.loop.healthy
     assert_serves(http)

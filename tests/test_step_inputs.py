@@ -1,18 +1,48 @@
-"""prepare_step's slot mapping: the block-run construction equals the per-token definition
-(slot = block_table[p // block_size] * block_size + p % block_size) for any chunk of any sequence."""
+"""prepare_step's token columns (positions, slot mapping, input ids): the vectorized construction equals the per-token
+definition (slot = block_table[p // block_size] * block_size + p % block_size) for any chunks of any sequences."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanovllm_ref.engine.inputs import _slots
+from nanovllm_ref import SamplingParams
+from nanovllm_ref.engine.inputs import prepare_step
+from nanovllm_ref.engine.scheduler import SchedulerOutput
+from nanovllm_ref.engine.sequence import Sequence
+
+
+@st.composite
+def chunks(draw, block_size: int):
+    """(sequence, number of new tokens): a chunk of a sequence at any computed offset, blocks from a shared pool."""
+    tables = draw(st.lists(st.lists(st.integers(0, 10_000), min_size=1, max_size=8, unique=True),
+                           min_size=1, max_size=6))
+    out = []
+    for table in tables:
+        capacity = len(table) * block_size
+        num_tokens = draw(st.integers(1, capacity))
+        start = draw(st.integers(0, num_tokens - 1))
+        end = draw(st.integers(start + 1, num_tokens))
+        seq = Sequence("r", draw(st.lists(st.integers(0, 999), min_size=num_tokens, max_size=num_tokens)),
+                       SamplingParams(max_tokens=1), seed=0)
+        seq.block_table, seq.num_computed_tokens = table, start
+        out.append((seq, end - start))
+    return out
 
 
 @given(block_size=st.sampled_from([1, 2, 16, 256]), data=st.data())
-def test_slots_by_block_runs_equal_per_token_slots(block_size, data):
-    table = data.draw(st.lists(st.integers(0, 10_000), min_size=1, max_size=12, unique=True))
-    start = data.draw(st.integers(0, len(table) * block_size - 1))
-    end = data.draw(st.integers(start, len(table) * block_size))
-    expected = [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-    assert _slots(table, start, end, block_size) == expected
+def test_token_columns_equal_per_token_definition(block_size, data):
+    scheduled = data.draw(chunks(block_size))
+    step = prepare_step(SchedulerOutput(scheduled=scheduled), block_size)
+    positions, slots, ids = [], [], []
+    for seq, n in scheduled:
+        start = seq.num_computed_tokens
+        positions += range(start, start + n)
+        slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+        ids += seq.token_ids[start : start + n]
+    assert step.positions.tolist() == positions
+    assert step.slot_mapping.tolist() == slots
+    assert step.input_ids.tolist() == ids
+    assert step.query_start_loc[-1] == len(ids) and step.pending == []
+    for i, (seq, _) in enumerate(scheduled):
+        assert step.block_table_array[i, : len(seq.block_table)].tolist() == seq.block_table

@@ -107,19 +107,23 @@ def test_a_peer_reply_seen_early_is_kept_for_its_turn():
 
 def test_tp2_async_scheduling_matches_tp1():
     """Steps without logprobs go through async scheduling under TP too (launch on every rank, rank 0 broadcasts
-    its tokens as the next input ids on the device): greedy and seeded sampling give TP=1's tokens, also when
-    rows finish at different steps."""
+    its tokens as the next input ids on the device): greedy and seeded sampling (n = 2 too) give TP=1's tokens, also
+    when rows finish at different steps, and with prompts chunked over several steps next to other rows' decodes
+    (the step behind takes those rows' tokens on the device)."""
     prompts = PROMPTS + [[7] * 5, list(range(20, 41))]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9, 6, 12, 1, 7)]
     params[1] = SamplingParams(temperature=0.8, seed=5, max_tokens=9, ignore_eos=True)
+    params[3] = SamplingParams(temperature=0.8, seed=6, max_tokens=12, ignore_eos=True, n=2)
     path = str(checkpoint_path(MODEL))
-    with LLM(path, dtype="float32", max_model_len=256) as llm:
-        want = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    with LLM(path, dtype="float32", max_model_len=256, tensor_parallel_size=2) as llm:
+    kw = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=16)
+    with LLM(path, **kw) as llm:
+        want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM(path, tensor_parallel_size=2, **kw) as llm:
         launches = []
         original = llm.engine.runner.launch_decode
-        llm.engine.runner.launch_decode = lambda *a, **k: launches.append(1) or original(*a, **k)
-        got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.engine.runner.launch_decode = lambda *a, **k: launches.append(k.get("dst") is not None) or original(*a, **k)
+        got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
-    assert len(launches) > 5, "decode steps did not take the async path under TP"
+    assert len(launches) > 5, "steps did not take the async path under TP"
+    assert sum(launches) >= 2, "no step with prefill chunks took input ids on the device under TP"
     assert not multiprocessing.active_children()

@@ -290,6 +290,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "seed = (base + 2**63)", "the n samples of a request share one seed (n copies of one sample)",
       (f"{SAMPLING_CONF}::test_seeded_samples_reproducible_one_by_one",
        f"{SAMPLING_CONF}::test_sampling_distribution")),
+    # async prefill (issue 21, session 7): steps with prefill chunks launched behind the one in flight
+    M("async-prefill-ids-by-order", "nanovllm_ref/engine/llm_engine.py",
+      "dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])",
+      "dst, rows = zip(*[(dst, i) for i, (dst, seq_id) in enumerate(step.pending)])",
+      "async scheduling feeds a mixed step's decode rows the step in flight's tokens by order, not by sequence",
+      ("tests/test_async_scheduling.py",)),
+    M("async-fill-never-finishes", "nanovllm_ref/engine/scheduler.py",
+      "            seq.token_ids[-1] = token\n            reason = self._finish_reason(seq, token)\n",
+      "            seq.token_ids[-1] = token\n            reason = None\n",
+      "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
+      (SCHED, "tests/test_async_scheduling.py")),
 )
 
 

@@ -1,24 +1,28 @@
 """Turn a scheduler decision into the flat, picklable inputs of one model step (pure Python).
 
 Built once on rank 0 and, under tensor parallelism, broadcast as is: workers keep no sequence state, so
-they can never disagree with the scheduler about prefill, decode or preemption.
+they can never disagree with the scheduler about prefill, decode or preemption. The per-token columns of a general
+step (input ids, positions, slots: 16,384 of each in a headline prefill step) are numpy arrays, computed from the
+per-sequence ones with a few vector operations; the runner stages them for the device with one copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 
 from .scheduler import SchedulerOutput
-from .sequence import ProcessedRow, Sequence
+from .sequence import PENDING, ProcessedRow, Sequence
 
 
 @dataclass
 class StepInput:
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slot_mapping: list[int] = field(default_factory=list)
+    # per token: lists (decode steps) or int64 arrays (general steps)
+    input_ids: list[int] | np.ndarray = field(default_factory=list)  # PENDING where `pending` names the token
+    positions: list[int] | np.ndarray = field(default_factory=list)
+    slot_mapping: list[int] | np.ndarray = field(default_factory=list)
     query_start_loc: list[int] = field(default_factory=lambda: [0])
     seq_lens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
@@ -38,6 +42,8 @@ class StepInput:
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
     # block_tables as a zero-padded (num_seqs, max blocks) int32 array, when the scheduler has it (decode steps)
     block_table_array: np.ndarray | None = None
+    # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
+    pending: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -62,49 +68,48 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     if out.decode_batch is not None:  # a steady decode step: the same fields, from the batch's arrays
         return StepInput(**out.decode_batch.step_columns())
     step = StepInput()
-    input_ids, positions, slots, seq_lens = step.input_ids, step.positions, step.slot_mapping, step.seq_lens
-    query_start_loc, block_tables, logits_indices = step.query_start_loc, step.block_tables, step.logits_indices
+    input_ids, starts, seq_lens, logits_indices = [], [], step.seq_lens, step.logits_indices
     sampling_rows = []
+    row = 0  # the sequence's first token row
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-        first_row = len(input_ids)
-        table = seq.block_table
-        if num_new == 1:  # the decode fast path: most rows of most steps
-            input_ids.append(seq.token_ids[start])
-            positions.append(start)
-            slots.append(table[start // block_size] * block_size + start % block_size)
-        else:
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += _slots(table, start, end, block_size)
-        query_start_loc.append(first_row + num_new)
+        input_ids += seq.token_ids[start:end]
+        if input_ids[-1] == PENDING:
+            step.pending.append((row + num_new - 1, seq.seq_id))
+        starts.append(start)
         seq_lens.append(end)
-        block_tables.append(table)
+        step.block_tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
-            _add_prompt_logprobs(step, seq, start, end, first_row)
+            _add_prompt_logprobs(step, seq, start, end, row)
+        row += num_new
         if out.samples(seq, num_new):
             if seq.needs_processing:
                 step.processed.append(seq.processed_row(len(sampling_rows)))
             sampling_rows.append(seq.sampling_row + (len(logits_indices), end))
-            logits_indices.append(first_row + num_new - 1)
+            logits_indices.append(row - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence
         (step.sample_seq_ids, step.temperature, step.top_k, step.top_p, step.seeds, step.num_logprobs,
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))
+    step.query_start_loc = [0, *accumulate(map(int.__sub__, seq_lens, starts))]
+    _token_columns(step, input_ids, starts, block_size)
     return step
 
 
-def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:
-    """The cache slots of positions [start, end): one range per block touched (a prefill chunk of thousands
-    of tokens costs a few Python operations, not one per token)."""
-    out: list[int] = []
-    p = start
-    while p < end:
-        block, offset = divmod(p, block_size)
-        run = min(end - p, block_size - offset)
-        base = table[block] * block_size + offset
-        out += range(base, base + run)
-        p += run
-    return out
+def _token_columns(step: StepInput, input_ids: list[int], starts: list[int], block_size: int) -> None:
+    """input_ids, positions and slot_mapping as int64 arrays, and the zero-padded block-table array."""
+    tables = step.block_tables
+    width = max(map(len, tables), default=0)
+    table_array = np.zeros((len(tables), width), np.int32)
+    for i, table in enumerate(tables):
+        table_array[i, : len(table)] = table
+    q = np.array(step.query_start_loc, np.int64)
+    lens = np.diff(q)
+    seq_of_token = np.repeat(np.arange(len(tables)), lens)  # (num_tokens,)
+    positions = np.arange(q[-1]) + np.repeat(np.array(starts, np.int64) - q[:-1], lens)
+    slots = table_array[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    step.input_ids = np.fromiter(input_ids, np.int64, len(input_ids))  # (faster than np.array from a list)
+    step.positions, step.slot_mapping = positions, slots
+    step.block_table_array = table_array
 
 
 def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, first_row: int) -> None:

@@ -1,7 +1,8 @@
 """The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
 
-Async scheduling (`Config.async_scheduling`, steps without logprobs, also under TP): in a steady decode the next step is
-scheduled and launched before the current one's tokens are read back (`_step_async`), so the host's update,
+Async scheduling (`Config.async_scheduling`, steps without logprobs or logits processing, also under TP): the next
+step (decode, prefill chunks or both) is scheduled and launched before the current one's tokens are read back
+(`_step_async`); rows that continue with a token of the step in flight take it on the device. The host's update,
 scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
 SGLang's overlap scheduler).
 
@@ -72,7 +73,9 @@ class LLMEngine:
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
         self._with_stop_strings: dict[int, Sequence] = {}  # seq_id -> sequence, while it runs (plain steps: empty)
         self._next_id = 0
-        self._ahead: tuple[SchedulerOutput, Launched] | None = None  # a decode step in flight (async scheduling)
+        # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
+        # runs once the tokens it continues from are known
+        self._ahead: tuple[SchedulerOutput, Launched | None] | None = None
         self._stepping: list[SchedulerOutput] = []  # what the current step scheduled: failed together if it raises
 
     def _check_cache_fits_one_request(self, num_blocks: int) -> None:
@@ -179,45 +182,62 @@ class LLMEngine:
             return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
-        if self._ahead is not None:  # the step launched ahead in the previous call
+        if self._ahead is not None:  # the step scheduled ahead in the previous call
             (out, launched), self._ahead = self._ahead, None
             self._stepping.append(out)
-            return self._step_async(out, launched)
-        out = self.scheduler.schedule()
-        self._stepping.append(out)
-        if not out.scheduled:
-            if self.scheduler.has_unfinished():
+            if launched is not None:
+                return self._step_async(out, launched)
+            out.scheduled = [(seq, n) for seq, n in out.scheduled if not seq.is_finished]
+        else:
+            out = self.scheduler.schedule()
+            self._stepping.append(out)
+            if not out.scheduled and self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
+        if not out.scheduled:
             return []
         step = prepare_step(out, self.config.kvcache_block_size)
-        if not self._can_launch_ahead(out, step):
+        if not self._can_launch(step):
             return self._apply(out, self.runner.execute(step))
         return self._step_async(out, self.runner.launch_decode(step))
 
-    def _can_launch_ahead(self, out: SchedulerOutput, step: StepInput) -> bool:
-        return (self.config.async_scheduling and out.decode_batch is not None and max(step.num_logprobs) < 0
-                and not step.processed)  # penalties need every token on the host
+    def _can_launch(self, step: StepInput) -> bool:
+        """Whether `step` may run without the host sampling it: logprobs need the logits there, penalties and other
+        logits processing every token (vLLM's async scheduling leaves these out too)."""
+        return (self.config.async_scheduling and max(step.num_logprobs, default=-1) < 0 and not step.processed
+                and not step.prompt_logprobs)
 
     def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
-        """With `out` in flight, schedule and launch the next decode step (its input ids are `out`'s tokens,
-        on the device), then wait for `out` and apply it. Rows that finish in `out` compute one more token in the
-        step behind it, which is dropped (as in vLLM's async scheduling)."""
-        ahead = self.scheduler.schedule_ahead()
+        """With `out` in flight, schedule and launch the step behind it (rows continuing from `out`'s tokens take
+        them on the device), then wait for `out` and apply it. Rows that finish in `out` compute one more token in
+        the step behind it, which is dropped (as in vLLM's async scheduling)."""
+        ahead = self.scheduler.schedule_ahead(out)
         if ahead is not None:
             self._stepping.append(ahead)
-            keep = None
-            if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
-                keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
             step = prepare_step(ahead, self.config.kvcache_block_size)
-            self._ahead = (ahead, self.runner.launch_decode(step, prev=launched, rows=keep))
+            self._ahead = (ahead, self._launch_behind(launched, out, ahead, step) if self._can_launch(step) else None)
         finished = self._apply(out, self.runner.collect(launched))
         self._drop_ahead_if_done()
         return finished
 
+    def _launch_behind(self, launched: Launched, out: SchedulerOutput, ahead: SchedulerOutput,
+                       step: StepInput) -> Launched:
+        """Launch `ahead` with its input ids from `launched` where they are `out`'s sampled tokens."""
+        if ahead.decode_batch is not None:  # a decode step: every row's input is its token in `out`
+            keep = None
+            if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
+                keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
+            return self.runner.launch_decode(step, prev=launched, rows=keep)
+        if not step.pending:
+            return self.runner.launch_decode(step)
+        row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
+        dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])
+        return self.runner.launch_decode(step, prev=launched, rows=list(rows), dst=list(dst))
+
     def _drop_ahead_if_done(self) -> None:
-        """Forget the step launched ahead once every row of it has finished: nothing of it is to be applied."""
+        """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""
         if self._ahead is not None and all(seq.is_finished for seq, _ in self._ahead[0].scheduled):
-            self.runner.collect(self._ahead[1])
+            if self._ahead[1] is not None:
+                self.runner.collect(self._ahead[1])
             self._ahead = None
 
     def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:

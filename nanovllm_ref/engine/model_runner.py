@@ -36,7 +36,7 @@ class StepOutput:
 
 @dataclass
 class Launched:
-    """A decode step queued on the device and not yet waited for (ModelRunner.launch_decode)."""
+    """A step queued on the device and not yet waited for (ModelRunner.launch_decode)."""
 
     step: StepInput
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
@@ -62,6 +62,32 @@ class RunnerSpec:
     enforce_eager: bool
     load_format: str = "auto"
     cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
+
+
+def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
+           ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor]:
+    """An eager step's inputs on the device with one host-to-device copy: (input ids, positions, attention
+    metadata, logits rows, token rows `dst`). Packed into one int64 host buffer (pinned on CUDA, from torch's
+    caching host allocator, which reuses it only once its copy is done), split into views on the device. Fresh
+    each step: CPU attention backends may keep a step's tensors (`to` is a no-op there) to compare with the next."""
+    tables = step.block_table_array
+    if tables is None:
+        tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), np.int64)
+        for i, table in enumerate(step.block_tables):
+            tables[i, : len(table)] = table
+    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
+              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst or []]
+    sizes = [len(a) for a in arrays]
+    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
+    np.concatenate([np.asarray(a, np.int64) for a in arrays], out=host.numpy())
+    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows = host.to(
+        device, non_blocking=True).split(sizes)
+    meta = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
+        block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
+        max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
+    )
+    return ids, positions, meta, logits_rows, dst_rows
 
 
 class ModelRunner:
@@ -149,7 +175,7 @@ class ModelRunner:
         self._set_kv_cache(num_seqs * blocks_per_seq)
         step = dummy_prefill_step(num_seqs, per_seq, spec.block_size, write_cache=True)
         hidden = self.compute_hidden(step)
-        self.model.compute_logits(hidden[self._tensor(step.logits_indices, torch.int64)])
+        self.model.compute_logits(hidden)
         torch.cuda.synchronize()
         del self.kv_cache, hidden
         for layer in self.attn_layers:
@@ -171,6 +197,7 @@ class ModelRunner:
         so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
         for q_len, num_seqs in ((32, 1), (2, 2)):
             step = dummy_prefill_step(num_seqs, q_len, self.spec.block_size, write_cache=False)
+            step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
             logits = self.model.compute_logits(self.compute_hidden(step))
             if logits is not None:
                 n = logits.shape[0]
@@ -189,53 +216,56 @@ class ModelRunner:
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)
 
-    def metadata(self, step: StepInput) -> AttentionMetadata:
-        width = max(len(t) for t in step.block_tables)
-        tables = [t + [0] * (width - len(t)) for t in step.block_tables]
-        return AttentionMetadata(
-            slot_mapping=self._tensor(step.slot_mapping, torch.int64),
-            query_start_loc=self._tensor(step.query_start_loc, torch.int32),
-            seq_lens=self._tensor(step.seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32),
-            max_query_len=step.max_query_len,
-            max_seq_len=self.spec.max_model_len,  # an upper bound, the same in eager and graph runs
-        )
-
-    def compute_hidden(self, step: StepInput, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The forward; `input_ids` (on the device) replaces step.input_ids when given."""
+    def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
+                       ) -> torch.Tensor:
+        """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
+        `taken` (on the device) are input ids from a step still in flight: of token rows `dst`, or of every row."""
+        all_rows = step.logits_rows_are_all_rows()
         if self.graphs is not None and self.graphs.can_run(step):
-            return self.graphs.run(step, input_ids)
-        if input_ids is None:
-            input_ids = self._tensor(step.input_ids, torch.int64)
-        positions = self._tensor(step.positions, torch.int64)
-        with forward_context(self.metadata(step)):
-            return self.model(input_ids, positions)  # (num_tokens, hidden)
+            if dst is not None:
+                input_ids = self._tensor(step.input_ids, torch.int64)
+                input_ids[self._tensor(dst, torch.int64)] = taken
+                taken = input_ids
+            hidden = self.graphs.run(step, taken)
+            return hidden if all_rows else hidden[self._tensor(step.logits_indices, torch.int64)]
+        input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
+        if taken is not None:
+            if dst is None:
+                input_ids = taken
+            else:
+                input_ids[dst_rows] = taken
+        with forward_context(meta):
+            hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
+        return hidden if all_rows else hidden[logits_rows]
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput | None:
-        hidden = self.compute_hidden(step)
-        if not step.logits_rows_are_all_rows():
-            hidden = hidden[self._tensor(step.logits_indices, torch.int64)]
-        logits = self.model.compute_logits(hidden)  # (num_logits, vocab), model dtype, on rank 0 only
+        logits = self.model.compute_logits(self.compute_hidden(step))  # (num_logits, vocab), on rank 0 only
         if tp_rank() != 0:
             return None
         return self._sample(step, logits)
 
     @torch.inference_mode()
-    def launch_decode(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None) -> Launched:
-        """Queue a decode step (every row samples, no logprobs) without waiting for it: forward, logits, sampling,
-        and an asynchronous copy of the tokens to the host. With `prev`, the input ids are `prev`'s sampled tokens
-        (`rows` of them, in order, if given) taken on the device: async scheduling, as in vLLM and SGLang."""
-        input_ids = None
+    def launch_decode(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
+                      dst: list[int] | None = None) -> Launched:
+        """Queue a step without logprobs without waiting for it: forward, logits, sampling, and an asynchronous copy
+        of the tokens to the host. With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled tokens
+        (`rows` of them, in order, if given) are taken on the device as the input ids of token rows `dst` (a step
+        with prefill chunks) or of every row (a decode step)."""
+        taken = None
         if prev is not None:
-            input_ids = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
-            input_ids = input_ids.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
-        logits = self.model.compute_logits(self.compute_hidden(step, input_ids))
+            taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
+            taken = taken.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
+        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
+        n = len(step.sample_seq_ids)
         if logits is None:  # a TP rank other than 0: rank 0 samples, every rank keeps the tokens as next input ids
-            tokens = torch.empty(len(step.sample_seq_ids), dtype=torch.int64, device=self.device)
-            return Launched(step, broadcast_from_first_rank(tokens), None, None)
-        _, packed, _ = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
-        tokens = broadcast_from_first_rank(packed[0])
+            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
+            return Launched(step, broadcast_from_first_rank(tokens) if n else tokens, None, None)
+        if n:
+            _, packed, _ = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
+        else:  # prefill chunks only: nothing samples
+            packed = torch.empty(2, 0, dtype=torch.int64, device=self.device)
+        tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]
         if self.device.type != "cuda":
             return Launched(step, tokens, packed, None)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
@@ -284,7 +314,7 @@ class ModelRunner:
                  sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
                  processed: Any = None) -> StepOutput:
         """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
-        k_max = max(step.num_logprobs)
+        k_max = max(step.num_logprobs, default=-1)
         if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
             out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list
             return out

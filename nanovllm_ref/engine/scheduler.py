@@ -5,8 +5,9 @@ sequences first (a decode is 1 token, an unfinished prefill chunk more), then wa
 (FCFS: the oldest waiting request is never skipped for a younger one). When blocks run out, the newest
 running sequence is preempted: its blocks are freed and it is recomputed later from its tokens, so its
 output is unaffected. Nothing here asserts: a request that could never fit is refused when added.
-Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the decode step
-behind the one in flight for the engine's async scheduling.
+Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the step behind the
+one in flight for the engine's async scheduling (vLLM v1's async scheduling): the step in flight is taken as done,
+its sampled tokens PENDING placeholders that the step behind reads on the device, and `update` fills them in.
 `on_schedule` (optional, None by default) is called after every `schedule()` with the scheduler, the step's
 output and the waiting queue as it was before the step, so tests can check each decision against the
 invariants above (nanovllm_ref/oracle/schedule_check.py).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .decode_batch import DecodeBatch
-from .sequence import Sequence, SequenceStatus
+from .sequence import PENDING, Sequence, SequenceStatus
 
 
 @dataclass
@@ -28,6 +29,7 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
     decode_batch: DecodeBatch | None = None  # set when this is a steady decode step taken through the batch
+    advanced: bool = False  # taken as done while in flight (schedule_ahead): `update` only fills in its tokens
 
     @property
     def num_batched_tokens(self) -> int:
@@ -84,17 +86,21 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        return self._observed(self._schedule)
+
+    def _observed(self, make: Callable[[], SchedulerOutput]) -> SchedulerOutput:
         if self.on_schedule is None:
-            return self._schedule()
+            return make()
         waiting = list(self.waiting)
-        out = self._schedule()
+        out = make()
         self.on_schedule(self, out, waiting)
         return out
 
     def _schedule(self) -> SchedulerOutput:
         fast = self._schedule_decodes()
-        if fast is not None:
-            return fast
+        return fast if fast is not None else self._schedule_general()
+
+    def _schedule_general(self) -> SchedulerOutput:
         self._decode_batch = None  # a general step changes what the batch mirrors
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
@@ -132,14 +138,35 @@ class Scheduler:
             self._decode_batch = batch
         return self._claim_decode_step(batch)
 
-    def schedule_ahead(self) -> SchedulerOutput | None:
-        """Async scheduling: the decode step after the one in flight, scheduled before its tokens are known (they
-        stay on the device as the next input ids). Only in a steady decode with one step in flight and nobody to
-        admit; None otherwise (the engine then waits for the step in flight, and schedules as usual)."""
+    def schedule_ahead(self, in_flight: SchedulerOutput) -> SchedulerOutput | None:
+        """Async scheduling: the step after `in_flight`, scheduled before its tokens are known (they stay on the
+        device as the next step's input ids). A steady decode claims its DecodeBatch's next step; otherwise
+        `in_flight` is taken as done (`_advance`) and the general path schedules. None when the next step is a
+        steady decode after a general one (the DecodeBatch is built from known tokens, one step later) or nothing
+        can run: the engine then waits for `in_flight` and schedules as usual."""
         batch = self._decode_batch
-        if batch is None or batch.in_flight != 1 or self._may_admit():
+        if in_flight.decode_batch is batch is not None and batch.in_flight == 1 and not self._may_admit():
+            ahead = self._claim_decode_step(batch)
+            if ahead is not None:
+                return ahead
+        self._advance(in_flight)
+        if not self._may_admit() and all(len(s.token_ids) == s.num_computed_tokens + 1 for s in self.running):
             return None
-        return self._claim_decode_step(batch)
+        out = self._observed(self._schedule_general)
+        return out if out.scheduled else None
+
+    def _advance(self, out: SchedulerOutput) -> None:
+        """Take step `out` (in flight) as done: its sequences advance and each one that samples gets a PENDING
+        token, which `update` replaces. Every computed position stays a known token (the step that computes a
+        PENDING one is scheduled behind `out`, and advanced only after `out`'s tokens are filled in)."""
+        self._decode_batch = None
+        out.advanced = True
+        live = [(s, n) for s, n in out.scheduled if s.status is SequenceStatus.RUNNING]
+        for seq, num_new in live:
+            if out.samples(seq, num_new):
+                seq.token_ids.append(PENDING)
+            seq.num_computed_tokens += num_new
+        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
 
     def _may_admit(self) -> bool:
         return bool(self.waiting) and len(self.running) < self.max_num_seqs
@@ -185,6 +212,8 @@ class Scheduler:
         """Advance the scheduled sequences; `sampled` maps seq_id -> next token, `tokens` (optional) has the same
         tokens in the step's sampling order (StepInput.sample_seq_ids) when every row sampled. Returns the finished
         ones."""
+        if out.advanced:
+            return self._fill_pending(out, sampled)
         batch = out.decode_batch
         if batch is not None and batch is self._decode_batch:
             if tokens is None:
@@ -202,6 +231,21 @@ class Scheduler:
             if token is None:
                 continue
             seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _fill_pending(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """The tokens of an advanced step replace its PENDING ones (a sequence preempted meanwhile keeps its token
+        too: its recompute then starts from it); returns the sequences that finished."""
+        finished = []
+        for seq, _ in out.scheduled:
+            token = sampled.get(seq.seq_id)
+            if token is None or seq.status is SequenceStatus.FINISHED:
+                continue
+            seq.token_ids[-1] = token
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
@@ -236,5 +280,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        if seq.token_ids[-1] == PENDING:  # its step in flight failed or was aborted: that token never comes
+            seq.token_ids.pop()
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

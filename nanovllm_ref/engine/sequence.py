@@ -24,6 +24,11 @@ class ProcessedRow(NamedTuple):
     seq_id: int = -1  # keys the penalty counts kept across steps (-1: none kept)
 
 
+# A token id not known on the host yet: the last token of a sequence whose step is in flight under async scheduling
+# (Scheduler.schedule_ahead); the step behind it takes the real id on the device. At most one per sequence.
+PENDING = -1
+
+
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"

@@ -4,7 +4,7 @@ Ranks talk through torch.distributed (gloo on CPU, NCCL on GPU) with a rendezvou
 start, and no process group lives in the caller: two engines coexist in one process tree. Each step the
 caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
 shared-memory names to clash); every rank runs the same forward; rank 0 samples and answers. Under async
-scheduling a decode step is "launched" on every rank and "collected" from rank 0 later: rank 0 broadcasts its
+scheduling a step is "launched" on every rank and "collected" from rank 0 later: rank 0 broadcasts its
 sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
 raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
 raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
@@ -84,9 +84,9 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
             command, payload = pickle.loads(conn.recv_bytes())
             if command == "exit":
                 break
-            if command == "launch":  # queue a decode step; its input ids may be an earlier one's tokens
-                step, key, prev_key, rows = payload
-                launched[key] = runner.launch_decode(step, launched.get(prev_key), rows)
+            if command == "launch":  # queue a step; input ids may be an earlier one's tokens
+                step, key, prev_key, rows, dst = payload
+                launched[key] = runner.launch_decode(step, launched.get(prev_key), rows, dst)
                 continue
             if command == "collect":  # rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
@@ -110,7 +110,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
 
 @dataclass(frozen=True)
 class TPLaunched:
-    """A decode step queued on every rank (TPExecutor.launch_decode); the workers hold its tensors."""
+    """A step queued on every rank (TPExecutor.launch_decode); the workers hold its tensors."""
 
     step: StepInput
     key: int
@@ -189,13 +189,12 @@ class TPExecutor:
         self._send_all(("execute", step))
         return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
 
-    def launch_decode(
-        self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None
-    ) -> TPLaunched:
-        """Async scheduling under TP: every rank queues the decode step (ModelRunner.launch_decode) and keeps it;
-        its input ids are `prev`'s tokens, which rank 0 broadcast on the device when it sampled them."""
+    def launch_decode(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
+                      dst: list[int] | None = None) -> TPLaunched:
+        """Async scheduling under TP: every rank queues the step (ModelRunner.launch_decode) and keeps it; input ids
+        from `prev` are its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
-        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows)))
+        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows, dst)))
         return TPLaunched(step, self._next_key)
 
     def collect(self, launched: TPLaunched) -> StepOutput:

@@ -45,11 +45,11 @@ def check_step_input(out: SchedulerOutput, step: StepInput, bs: int) -> None:
         start = seq.num_computed_tokens
         positions = list(range(start, start + n))
         slots = [seq.block_table[p // bs] * bs + p % bs for p in positions]
-        check(hi - lo == n and step.positions[lo:hi] == positions, "slot-mapping",
+        check(hi - lo == n and list(step.positions[lo:hi]) == positions, "slot-mapping",
               f"{name(seq)}: positions {step.positions[lo:hi]}, want {positions}")
-        check(step.input_ids[lo:hi] == seq.token_ids[start : start + n], "slot-mapping",
+        check(list(step.input_ids[lo:hi]) == seq.token_ids[start : start + n], "slot-mapping",
               f"{name(seq)}: input ids {step.input_ids[lo:hi]}")
-        check(step.slot_mapping[lo:hi] == slots, "slot-mapping",
+        check(list(step.slot_mapping[lo:hi]) == slots, "slot-mapping",
               f"{name(seq)}: slots {step.slot_mapping[lo:hi]}, want {slots}")
         check(step.seq_lens[i] == start + n and step.block_tables[i] == seq.block_table, "slot-mapping",
               f"{name(seq)}: seq_len {step.seq_lens[i]}, want {start + n}")

@@ -4,6 +4,9 @@ Each step does what the engine does: `schedule()`, `prepare_step()`, run the mod
 model writes each scheduled token into its KV slot, and a sampling sequence reads its whole context back
 through its block table; the next token is a hash of that context, so a request's output is fixed by its
 prompt alone and any scheduling slip (lost tokens, wrong slots, stale prefix-cache content) shows up.
+`step_async` runs steps as the engine's async scheduling does: the step behind the one in flight is scheduled
+(`schedule_ahead`) and run before the one in flight is applied, its PENDING input ids taken from that step's
+samples (as the device does); rows that finish meanwhile compute a token that is dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from nanovllm_ref.engine.block_manager import BlockManager
 from nanovllm_ref.engine.inputs import StepInput, prepare_step
 from nanovllm_ref.engine.scheduler import Scheduler, SchedulerOutput
-from nanovllm_ref.engine.sequence import Sequence, SequenceStatus
+from nanovllm_ref.engine.sequence import PENDING, Sequence, SequenceStatus
 from nanovllm_ref.sampling_params import SamplingParams
 
 from .prop_common import (
@@ -52,6 +55,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.kv: dict[int, int] = {}  # slot -> token whose KV the fake model wrote there
         self.num_steps = 0
         self.clean = True  # False once a rule or check raised: teardown then skips the drain
+        self.ahead: tuple[SchedulerOutput, dict[int, int]] | None = None  # async: scheduled ahead and run, not applied
 
     def __repr__(self) -> str:
         if self.sched is None:
@@ -77,26 +81,47 @@ class SchedulerMachine(RuleBasedStateMachine):
         return ([q.seq_id for q in s.waiting], [q.seq_id for q in s.running], list(bm.free_queue),
                 dict(bm.cached), [b.ref_count for b in bm.blocks], s.num_preemptions)
 
-    def _run_step(self, fail: int | None = None) -> None:
-        """One engine step; `fail` picks a scheduled sequence that errors mid-step (finished with "error")."""
+    def _scheduled_and_run(self, out: SchedulerOutput, waiting_before: list[Sequence],
+                           prev: dict[int, int] | None = None) -> dict[int, int]:
         s, bs = self.sched, self.sched.block_manager.block_size
-        had_work, waiting_before = s.has_unfinished(), list(s.waiting)
-        out = s.schedule()
         self.num_steps += 1
-        check(bool(out.scheduled) or not had_work, "progress", "requests pending but nothing scheduled")
         check_schedule(s, out, waiting_before)
-        self._check_tokens()  # preemption happens inside schedule(): no token may be lost or changed
         step = prepare_step(out, bs)
-        check_step_input(out, step, bs)
-        sampled = self._fake_model(out, step)
-        failed = None
-        if fail is not None and out.scheduled:
-            failed = out.scheduled[fail % len(out.scheduled)][0]
+        if out.decode_batch is None or prev is None:  # (a decode step claimed ahead: positions are its batch's)
+            check_step_input(out, step, bs)
+        return self._fake_model(out, step, prev)
+
+    def _run_step(self, fail: int | None = None, ahead: bool = False) -> None:
+        """One engine step; `fail` picks a scheduled sequence that errors mid-step (finished with "error"). With
+        `ahead` (async scheduling), the step behind it is scheduled and run before it is applied."""
+        s = self.sched
+        if self.ahead is not None:
+            (out, sampled), self.ahead = self.ahead, None
+        else:
+            had_work, waiting_before = s.has_unfinished(), list(s.waiting)
+            out = s.schedule()
+            check(bool(out.scheduled) or not had_work, "progress", "requests pending but nothing scheduled")
+            self._check_tokens()  # preemption happens inside schedule(): no token may be lost or changed
+            sampled = self._scheduled_and_run(out, waiting_before)
+        if ahead:
+            waiting_before = list(s.waiting)
+            behind = s.schedule_ahead(out)
+            if behind is not None:
+                self.ahead = (behind, self._scheduled_and_run(behind, waiting_before, sampled))
+        failed, tokens = None, list(sampled.values())  # (the runner's tokens in sampling order, every row sampled)
+        live = [q for q, _ in out.scheduled if not q.is_finished]
+        if fail is not None and live:
+            failed = live[fail % len(live)]
             s.finish(failed, "error")
             sampled.pop(failed.seq_id, None)
             self._request(failed).ended = "error"
-        finished = s.update(out, sampled)
+            tokens = None
+        finished = s.update(out, sampled, tokens)  # (rows finished in flight: the scheduler drops their tokens)
+        sampled = {i: t for i, t in sampled.items() if not self._by_id(i).is_finished or self._by_id(i) in finished}
         self._record(out, sampled, finished)
+        self._check_tokens()
+        if self.ahead is not None and all(q.is_finished for q, _ in self.ahead[0].scheduled):
+            self.ahead = None
         names = {q.seq_id: name(q) for q, _ in out.scheduled}
         note(f"step {self.num_steps}: scheduled {[(name(q), n) for q, n in out.scheduled]}, preempted "
              f"{[name(q) for q in out.preempted]}, sampled { {names[i]: t for i, t in sampled.items()} }, "
@@ -110,23 +135,39 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _request(self, seq: Sequence) -> Request:
         return next(r for r in self.requests if r.seq is seq)
 
-    def _fake_model(self, out: SchedulerOutput, step: StepInput) -> dict[int, int]:
-        """Write the step's KV, then sample each sampling sequence from the context it reads back."""
+    def _by_id(self, seq_id: int) -> Sequence:
+        return next(r.seq for r in self.requests if r.seq.seq_id == seq_id)
+
+    def _fake_model(self, out: SchedulerOutput, step: StepInput, prev: dict[int, int] | None = None,
+                    ) -> dict[int, int]:
+        """Write the step's KV, then sample each sampling sequence from the context it reads back. PENDING input
+        ids are the tokens that `prev` (the step in flight) sampled."""
         bm = self.sched.block_manager
         bs = bm.block_size
-        for slot, token in zip(step.slot_mapping, step.input_ids):
+        input_ids = list(step.input_ids)
+        pending = step.pending
+        if out.decode_batch is not None and prev is not None:  # a decode step claimed ahead: every row's input
+            pending = [(i, q.seq_id) for i, (q, _) in enumerate(out.scheduled)]
+        for row, seq_id in pending:
+            input_ids[row] = prev[seq_id]
+        check(PENDING not in input_ids, "pending", f"PENDING input ids left: {step.input_ids}, {step.pending}")
+        for slot, token in zip(step.slot_mapping, input_ids):
             block = bm.blocks[slot // bs]
             check(block.ref_count == 1 and block.hash is None, "kv-write",
                   f"writing slot {slot} of block {block.block_id} shared by {block.ref_count} or already cached")
             self.kv[slot] = token
         sampled = {}
-        for seq, num_new in out.scheduled:
+        for i, (seq, num_new) in enumerate(out.scheduled):
             if not out.samples(seq, num_new):
                 continue
-            table = seq.block_table
-            context = [self.kv.get(table[p // bs] * bs + p % bs) for p in range(seq.num_tokens)]
-            check(context == seq.token_ids, "kv-content",
-                  f"{name(seq)} attends to {context} but its tokens are {seq.token_ids}")
+            table, seq_len = seq.block_table, step.seq_lens[i]
+            context = [self.kv.get(table[p // bs] * bs + p % bs) for p in range(seq_len)]
+            # the tokens known on the host, then the one the step in flight samples (a PENDING one, or the next one
+            # of a decode step claimed ahead)
+            tokens = [t for t in seq.token_ids if t != PENDING]
+            if seq_len > len(tokens):
+                tokens.append(prev[seq.seq_id])
+            check(context == tokens, "kv-content", f"{name(seq)} attends to {context} but its tokens are {tokens}")
             sampled[seq.seq_id] = fake_next_token(seq.seed, context)
         return sampled
 
@@ -186,14 +227,25 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self, abort: int | None, num_steps: int, fail: int | None) -> None:
         """Maybe abort a live request (picked by index), then run steps; `fail` makes one request of the
         first step fail mid-step (as for non-finite logits), which finishes it with an error."""
+        self._abort(abort)
+        for i in range(num_steps):
+            self._run_step(fail if i == 0 else None)
+
+    @rule(abort=rarely(16, percent=25), num_steps=st.integers(1, 6), fail=rarely(4, percent=10))
+    @guarded
+    def step_async(self, abort: int | None, num_steps: int, fail: int | None) -> None:
+        """The same with async scheduling: each step's successor is scheduled and run before it is applied."""
+        self._abort(abort)
+        for i in range(num_steps):
+            self._run_step(fail if i == 0 else None, ahead=True)
+
+    def _abort(self, abort: int | None) -> None:
         live = self._live()
         if abort is not None and live:
             req = live[abort % len(live)]
             self.sched.finish(req.seq, "abort")
             req.ended = "abort"
             note(f"abort {name(req.seq)}")
-        for i in range(num_steps):
-            self._run_step(fail if i == 0 else None)
 
     # ---- invariants ------------------------------------------------------------------------------
     @invariant()

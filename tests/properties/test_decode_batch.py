@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from nanovllm_ref import SamplingParams
@@ -53,7 +54,8 @@ def _run(seed: int, fast: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list, 
         tokens = [sampled[i] for i in step.sample_seq_ids] if fast and list_rng.random() < 0.5 else None
         finished = sched.update(out, sampled, tokens)
         fields = dict(vars(step), sample_seq_ids=[names[i] for i in step.sample_seq_ids])  # seq_ids differ per run
-        array = fields.pop("block_table_array")  # the decode path's copy of block_tables, for the CUDA-graph runner
+        array = fields.pop("block_table_array")  # block_tables as an array, for the runner
+        fields = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in fields.items()}  # (general steps)
         if array is not None:
             width = max(map(len, step.block_tables))
             assert array.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]

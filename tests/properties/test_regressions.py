@@ -159,10 +159,10 @@ def test_chunked_prefill_positions_and_slot_mapping() -> None:
         for i, (seq, n) in enumerate(out.scheduled):
             lo, start = step.query_start_loc[i], seq.num_computed_tokens
             positions = list(range(start, start + n))
-            assert step.positions[lo : lo + n] == positions
-            assert step.input_ids[lo : lo + n] == seq.token_ids[start : start + n]
+            assert list(step.positions[lo : lo + n]) == positions
+            assert list(step.input_ids[lo : lo + n]) == seq.token_ids[start : start + n]
             table = seq.block_table
-            assert step.slot_mapping[lo : lo + n] == [table[p // bs] * bs + p % bs for p in positions]
+            assert list(step.slot_mapping[lo : lo + n]) == [table[p // bs] * bs + p % bs for p in positions]
             assert step.seq_lens[i] == start + n
         samplers = [seq.seq_id for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens]
         assert step.sample_seq_ids == samplers  # only a chunk that ends at the last known token samples

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 7, the final device call (nvidia-h200) on merged main (async prefill in):
 # 1. alone on the GPU: the headline greedy (ceilings, 3 runs) of main and of the tree before the async merge
-#    (.gpu_tree/base), interleaved; main at t=0.6; the step breakdown (mixed prefill steps: the "after" table);
+#    (.gpu_tree/base), interleaved; main at t=0.6; the GPU's idle time window by window (call 5's script: the prefill windows);
 # 2. then side by side: `pytest conformance -m gpu` over the twelve goldens, the GPU sampling module, the kernel
 #    module in one process per kernel, and the GPU column of the new mutant rotary-kernel-half-mask.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -21,8 +21,7 @@ gpu_pytest() {  # name, timeout, pytest args...: one conformance process in the 
 bench "$ROOT" main_greedy --temperature 0 --repeat 3
 [ -d .gpu_tree/base ] && bench .gpu_tree/base base_greedy --temperature 0 --repeat 3 --no-ceilings
 bench "$ROOT" main_t06 --repeat 2 --no-ceilings
-timeout 150 python3 -m perf.profile_step --arch qwen3-0.6b --temperature 0 --json "$L/profile_after.json" \
-  > "$L/profile_after.log" 2>&1; echo "profile rc=$? t=$SECONDS"
+timeout 150 python3 perf/calls/s7_idle_timeline.py > "$L/idle_after.log" 2>&1; echo "idle timeline rc=$? t=$SECONDS"
 for m in qwen3-tiny qwen3-gqa4 qwen2-tiny llama3-tiny mistral-tiny qwen3-moe-tiny qwen3-tied-hd64 qwen3-bias-hd32 \
          qwen2-hd64 llama3-bias-hd32 mistral-hd64 qwen3-moe-unnorm-hd32; do
   gpu_pytest "golden_$m" 200 conformance/test_golden.py --model $m --engine-arg gpu_memory_utilization=0.04 \
@@ -42,5 +41,5 @@ for f in "$L"/golden_*.log "$L"/sampling.log "$L"/kernel_*.log; do
   echo "== $(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; grep -E "^(FAILED|ERROR)" "$f" | head -3
 done
 tail -4 "$L/mutant_gpu.log"
-grep -E -A17 "^(step [0-2] \(|steady decode)" "$L/profile_after.log" | grep -E "^(step|steady|\| (part|gaps|idle|attention|GEMMs|other|norms|profiled))" | head -50
+grep -E "^(profiled|\| [0-9])" "$L/idle_after.log"
 tar -czf "$OUT/final.tgz" -C "$OUT" l && rm -rf "$L"

@@ -97,3 +97,28 @@ def test_cpu_qk_in_token_blocks_equals_one_pass(qwen3_path, monkeypatch):
     llm.reset_prefix_cache()
     assert run() == one_pass
     assert len(rotations) >= layers * sum(map(len, prompts))  # the prompt step went a token at a time
+
+
+def test_cpu_linear_weights_column_major_same_outputs(qwen3_path):
+    """On the CPU the model stores its linear weights column-major once loaded (a faster BLAS product on decode
+    rows): same values, and the same greedy tokens as row-major weights."""
+    from nanovllm_ref import LLM, SamplingParams
+    from nanovllm_ref.layers.linear import LinearBase
+
+    llm = LLM(qwen3_path, dtype="float32", attention_backend="sdpa")
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    before = [m.weight.detach().clone() for m in linears]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]]
+    col = llm.generate(prompts, params, use_tqdm=False)
+    assert all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
+    assert all(torch.equal(m.weight, w) for m, w in zip(linears, before))
+    for m in linears:  # back to row-major (the model keeps it: it lays out once)
+        m.weight.data = m.weight.data.contiguous()
+    llm.reset_prefix_cache()
+    row = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in col] == [o.token_ids for o in row]
+    for a, b in zip(col, row):
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-4 for t in x)

@@ -57,16 +57,17 @@ class DecoderAttention(nn.Module):
                 self.k_norm.weight if norm else None, self.q_norm.eps if norm else 0.0,
             )
             return self.o_proj(out.reshape(n, q_size))
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        v = v.view(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
         if qkv.is_cuda:
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            v = v.view(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
             q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
             k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary(positions, q, k)
         else:  # the references once over queries and keys side by side: half the small ops of a CPU step
-            q, k = self._cpu_qk(positions, qkv[:, : q_size + kv_size].view(n, -1, d))
+            heads, qk_heads = qkv.view(n, -1, d), self.num_heads + self.num_kv_heads  # (num_tokens, all heads, d)
+            (q, k), v = self._cpu_qk(positions, heads[:, :qk_heads]), heads[:, qk_heads:]
         out = self.attn(q, k, v)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(n, q_size))
 
@@ -78,7 +79,7 @@ class DecoderAttention(nn.Module):
             cos, sin = derived[self.rotary.table_key] = rotary_tables(positions, self.rotary.cos_sin_cache, qk.dtype)
         weight = self._qk_norm_weight() if self.q_norm is not None else None
         # ~8 full passes over the rows, memory bound: a prompt step runs them a cache-sized block of tokens at a time
-        rows = max(1, CPU_BLOCK_BYTES // (qk[0].numel() * qk.element_size()))
+        rows = max(1, CPU_BLOCK_BYTES // (qk.shape[1] * qk.shape[2] * qk.element_size()))
         out = None if qk.shape[0] <= rows else qk.new_empty(qk.shape)
         for a in range(0, qk.shape[0], rows):
             x = qk[a : a + rows]

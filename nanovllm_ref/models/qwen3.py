@@ -80,13 +80,16 @@ class DecoderAttention(nn.Module):
         weight = self._qk_norm_weight() if self.q_norm is not None else None
         # ~8 full passes over the rows, memory bound: a prompt step runs them a cache-sized block of tokens at a time
         rows = max(1, CPU_BLOCK_BYTES // (qk.shape[1] * qk.shape[2] * qk.element_size()))
-        out = None if qk.shape[0] <= rows else qk.new_empty(qk.shape)
-        for a in range(0, qk.shape[0], rows):
-            x = qk[a : a + rows]
-            if weight is not None:
-                x = rms_norm_reference(x, weight, self.q_norm.eps)
-            x = rotate(x, cos[a : a + rows], sin[a : a + rows], out=None if out is None else out[a : a + rows])
-        q, k = (x if out is None else out).split([self.num_heads, self.num_kv_heads], dim=1)
+        if qk.shape[0] <= rows:  # one block (a decode step): no slices
+            out = rotate(rms_norm_reference(qk, weight, self.q_norm.eps) if weight is not None else qk, cos, sin)
+        else:
+            out = qk.new_empty(qk.shape)
+            for a in range(0, qk.shape[0], rows):
+                x = qk[a : a + rows]
+                if weight is not None:
+                    x = rms_norm_reference(x, weight, self.q_norm.eps)
+                rotate(x, cos[a : a + rows], sin[a : a + rows], out=out[a : a + rows])
+        q, k = out.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k
 
     def _qk_norm_weight(self) -> torch.Tensor:  # (heads + kv_heads, head_dim): the q and k norm weights side by side

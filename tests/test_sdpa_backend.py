@@ -132,3 +132,31 @@ def test_sdpa_decode_steps_extend_the_gathered_context(monkeypatch):
                                           meta.block_tables, backend.scale)
         assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step
     assert 0 in gathered and 6 in gathered and len(set(gathered)) <= 5, sorted(set(gathered))
+
+
+def test_sdpa_decode_continuation_survives_metadata_reused_in_place():
+    """The check that a decode step continues the previous one must compare against the previous step's block
+    tables as they were: an engine may write the next step's tables into the same tensor. Here the second step
+    moves row 0 to other blocks holding a different key, in place in the same tensors; its output must still be
+    the reference's (the stale gathered context would not be)."""
+    gen = torch.Generator().manual_seed(1)
+    bs, kvh, group, d = 4, 2, 2, 8
+    k_cache, v_cache = torch.randn(16, bs, kvh, d, generator=gen), torch.randn(16, bs, kvh, d, generator=gen)
+    tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    lens = torch.tensor([9, 10], dtype=torch.int32)
+    backend = SdpaBackend(kvh * group, kvh, d, d**-0.5)
+    for step in range(2):
+        if step == 1:  # row 0's context now lives in blocks 6-8, one key changed; the same tables tensor, written in place
+            k_cache[6:9], v_cache[6:9] = k_cache[0:3], v_cache[0:3]
+            k_cache[6, 1] += 1.0
+            tables[0] = torch.tensor([6, 7, 8], dtype=torch.int32)
+            lens = lens + 1
+        slots = (tables[torch.arange(2), (lens - 1) // bs].long() * bs + (lens - 1) % bs)
+        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(3, dtype=torch.int32),
+                                 seq_lens=lens, block_tables=tables, max_query_len=1, max_seq_len=int(lens.max()))
+        q = torch.randn(2, kvh * group, d, generator=gen)
+        backend.store_kv(torch.randn(2, kvh, d, generator=gen), torch.randn(2, kvh, d, generator=gen),
+                         k_cache, v_cache, meta)
+        out = backend.forward(q, k_cache, v_cache, meta)
+        ref = prefill_attention_reference(q, k_cache, v_cache, meta.query_start_loc, lens, tables, backend.scale)
+        assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step

@@ -114,7 +114,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
         mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
         last = (torch.arange(num_seqs, device=device), (meta.seq_lens - 1).long())
-        plan = Plan(meta.block_tables, meta.seq_lens, block_size, mask, last=last)
+        # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=last)
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     plan = Plan(meta.block_tables, meta.seq_lens, block_size, None)

@@ -146,7 +146,7 @@ def test_sdpa_decode_continuation_survives_metadata_reused_in_place():
     lens = torch.tensor([9, 10], dtype=torch.int32)
     backend = SdpaBackend(kvh * group, kvh, d, d**-0.5)
     for step in range(2):
-        if step == 1:  # row 0's context now lives in blocks 6-8, one key changed; the same tables tensor, written in place
+        if step == 1:  # row 0 now in blocks 6-8, one key changed; the same tables tensor, written in place
             k_cache[6:9], v_cache[6:9] = k_cache[0:3], v_cache[0:3]
             k_cache[6, 1] += 1.0
             tables[0] = torch.tensor([6, 7, 8], dtype=torch.int32)

@@ -8,6 +8,7 @@ this Python imports it), interleaved round by round (perf/bench_cpu.py).
   speed-up over transformers must reach `--cpu-min-speedup` (default 1.5, the acceptance; vLLM's is reported).
 - `test_cpu_engine_smoke` (`smoke`): 4 short prompts x 8 tokens, proving the harness on every CI run; no ratio
   is asserted there (CI machines are shared). CI (`nox -s tests`) deselects `cpu_bench`.
+- `test_cpu_ab_lockstep_runs_both_engines_to_the_end`: perf/cpu_ab.py's `--lockstep` rounds on a tiny workload.
 """
 
 from __future__ import annotations
@@ -71,3 +72,26 @@ def test_cpu_engine_throughput(benchmark: Any, pytestconfig: pytest.Config) -> N
 def test_cpu_engine_smoke(benchmark: Any) -> None:
     info = _bench(benchmark, dict(num_prompts=4, min_len=8, max_len=24, max_tokens=8), rounds=2, vllm=False)
     assert info["output_tok_s"] > 0 and info[f"speedup_vs_{PEER}"] > 0
+
+
+def test_cpu_ab_lockstep_runs_both_engines_to_the_end() -> None:
+    """perf/cpu_ab.py's lockstep rounds: both engines generate every prompt, a step each in turn, and each is
+    charged its own steps' CPU time (its first step, the prompts' prefill, apart)."""
+    import json
+    from pathlib import Path
+
+    from nanovllm_ref import LLM, SamplingParams
+    from perf.cpu_ab import lockstep
+
+    path = model_path(MODEL)
+    w = cpu_workload(json.loads((Path(path) / "config.json").read_text())["vocab_size"], num_prompts=3,
+                     min_len=4, max_len=9, max_tokens=5)
+    engines = {}
+    for name, tokens in (("a", 5), ("b", 3)):  # b finishes first: a keeps stepping alone
+        llm = LLM(path, device="cpu", dtype="float32", cpu_threads=1)
+        engines[name] = (llm, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True), None)
+    times = lockstep(engines, w.prompts, ["b", "a"])
+    assert set(times) == {"a", "b"}
+    for name, (first, cpu, wall) in times.items():
+        assert not engines[name][0].engine.has_unfinished()
+        assert 0 < first < cpu and wall > 0

@@ -91,16 +91,10 @@ class DecodeGraphs:
             self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
         else:
             self.input_ids[:n].copy_(input_ids)
-        if step.block_table_array is not None:
-            width = step.block_table_array.shape[1]
-            staged = host_tables[: n * width].view(n, width)
-            staged.numpy()[:] = step.block_table_array
-        else:
-            width = max(len(t) for t in step.block_tables)
-            staged = host_tables[: n * width].view(n, width)
-            tables = staged.numpy()
-            for i, table in enumerate(step.block_tables):
-                tables[i, : len(table)] = table
+        tables = step.padded_block_tables()
+        width = tables.shape[1]
+        staged = host_tables[: n * width].view(n, width)
+        staged.numpy()[:] = tables
         self.positions[:bs].copy_(host_vectors[1, :bs], non_blocking=True)
         self.slot_mapping[:bs].copy_(host_vectors[2, :bs], non_blocking=True)
         self.seq_lens[:bs].copy_(host_vectors[3, :bs], non_blocking=True)

@@ -40,10 +40,19 @@ class StepInput:
     processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
-    # block_tables as a zero-padded (num_seqs, max blocks) int32 array, when the scheduler has it (decode steps)
+    # block_tables as a zero-padded (num_seqs, max blocks) int32 array: given by a DecodeBatch, else made once by
+    # padded_block_tables()
     block_table_array: np.ndarray | None = None
     # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
     pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def padded_block_tables(self) -> np.ndarray:  # (num_seqs, max blocks) int32
+        if self.block_table_array is None:
+            tables = self.block_tables
+            self.block_table_array = np.zeros((len(tables), max(map(len, tables), default=0)), np.int32)
+            for i, table in enumerate(tables):
+                self.block_table_array[i, : len(table)] = table
+        return self.block_table_array
 
     @property
     def num_tokens(self) -> int:
@@ -97,19 +106,14 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
 
 def _token_columns(step: StepInput, input_ids: list[int], starts: list[int], block_size: int) -> None:
     """input_ids, positions and slot_mapping as int64 arrays, and the zero-padded block-table array."""
-    tables = step.block_tables
-    width = max(map(len, tables), default=0)
-    table_array = np.zeros((len(tables), width), np.int32)
-    for i, table in enumerate(tables):
-        table_array[i, : len(table)] = table
+    table_array = step.padded_block_tables()
     q = np.array(step.query_start_loc, np.int64)
     lens = np.diff(q)
-    seq_of_token = np.repeat(np.arange(len(tables)), lens)  # (num_tokens,)
+    seq_of_token = np.repeat(np.arange(len(table_array)), lens)  # (num_tokens,)
     positions = np.arange(q[-1]) + np.repeat(np.array(starts, np.int64) - q[:-1], lens)
     slots = table_array[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     step.input_ids = np.fromiter(input_ids, np.int64, len(input_ids))  # (faster than np.array from a list)
     step.positions, step.slot_mapping = positions, slots
-    step.block_table_array = table_array
 
 
 def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, first_row: int) -> None:

@@ -70,11 +70,7 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: l
     metadata, logits rows, token rows `dst`). Packed into one int64 host buffer (pinned on CUDA, from torch's
     caching host allocator, which reuses it only once its copy is done), split into views on the device. Fresh
     each step: CPU attention backends may keep a step's tensors (`to` is a no-op there) to compare with the next."""
-    tables = step.block_table_array
-    if tables is None:
-        tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), np.int64)
-        for i, table in enumerate(step.block_tables):
-            tables[i, : len(table)] = table
+    tables = step.padded_block_tables()
     arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
               tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst or []]
     sizes = [len(a) for a in arrays]

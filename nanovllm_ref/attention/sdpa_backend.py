@@ -170,7 +170,7 @@ class SdpaBackend(AttentionBackend):
             no_padding = meta.derived["no_padding"] = bool((meta.slot_mapping >= 0).all())
         if not no_padding:
             return store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
-        slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.int64 else meta.slot_mapping.long()
+        slots = as_dtype(meta.slot_mapping, torch.int64)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, as_dtype(k, k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, as_dtype(v, v_cache.dtype))
 

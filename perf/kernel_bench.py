@@ -12,6 +12,7 @@ On the CPU the same cases run at toy sizes through the pure-torch references (a 
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -128,6 +129,43 @@ def decode_case(shape: Any, batch: int, ctx: int, device: str, dtype: torch.dtyp
     qo = 2 * batch * shape.num_heads * shape.head_dim * elem
     fn = decode_attention if _triton(device) else decode_attention_reference
     return Case(f"decode-b{batch}-ctx{ctx}", fn, sets, kv + qo, set_bytes=size)
+
+
+def decode_mixed_case(shape: Any, contexts: list[int], device: str, dtype: torch.dtype, block_size: int = 16,
+                      max_model_len: int = 4096, name: str = "decode-mixed") -> Case:
+    """Decode attention as the engine calls it on a batch of mixed context lengths (e.g. a headline step):
+    shuffled blocks, longest context first, splits decided by the batch's CUDA-graph bucket and max_model_len."""
+    from nanovllm_ref.attention.metadata import decode_batch_bucket
+    from nanovllm_ref.kernels.decode_attention import decode_attention
+
+    scale = shape.head_dim**-0.5
+    num_seqs, elem = len(contexts), torch.finfo(dtype).bits // 8
+
+    def make(i: int) -> tuple:
+        g = torch.Generator(device=device).manual_seed(i)
+        blocks = [-(-n // block_size) for n in contexts]
+        cache_shape = (sum(blocks), block_size, shape.num_kv_heads, shape.head_dim)
+        k_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
+        v_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
+        perm = torch.randperm(sum(blocks), device=device, generator=g).to(torch.int32)
+        tables = torch.zeros(num_seqs, -(-max_model_len // block_size), dtype=torch.int32, device=device)
+        for row, (start, n) in enumerate(zip(itertools.accumulate([0, *blocks]), blocks)):
+            tables[row, :n] = perm[start:start + n]
+        seq_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+        q = torch.randn(num_seqs, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
+        order = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
+        return q, k_cache, v_cache, tables, seq_lens, order
+
+    def call(q, k_cache, v_cache, tables, seq_lens, order):
+        if not _triton(device):
+            return decode_attention_reference(q, k_cache, v_cache, tables, seq_lens, scale)
+        return decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, max_seq_len=max_model_len,
+                                split_batch=decode_batch_bucket(num_seqs), order=order)
+
+    sets, size = _replicate(make, device)
+    kv = 2 * sum(contexts) * shape.num_kv_heads * shape.head_dim * elem
+    qo = 2 * num_seqs * shape.num_heads * shape.head_dim * elem
+    return Case(name, call, sets, kv + qo, set_bytes=size)
 
 
 def prefill_case(shape: Any, num_seqs: int, q_len: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from perf import kernel_bench as kb
+from perf import workloads
 from perf.models import ModelShape
 
 GPU_ROUNDS, GPU_WARMUP, GPU_EVENT_REPS = 30, 5, 20
@@ -61,6 +62,16 @@ def test_decode_attention(benchmark, ceilings, shape, batch, ctx):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("step", [0, 640])  # 256 sequences of 108-1,025 tokens; 90 of 761-1,659
+def test_decode_attention_headline(benchmark, ceilings, shape, step):
+    """Mixed contexts (the headline's decode step `step`), where the grid order and the longest-first order
+    matter; the uniform cases above do not see them (perf/RESULTS.md, session 8)."""
+    contexts = workloads.decode_contexts(workloads.headline(), step)
+    case = kb.decode_mixed_case(shape, contexts, "cuda", torch.bfloat16, name=f"decode-headline-step{step}")
+    _gpu(benchmark, case, ceilings, "decode_attention")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_seqs,q_len", [(8, 1024), (2, 4096), (16, 512)])
 def test_prefill_attention(benchmark, ceilings, shape, num_seqs, q_len):
     case = kb.prefill_case(shape, num_seqs, q_len, "cuda", torch.bfloat16)
@@ -91,6 +102,14 @@ def test_decode_attention_smoke(benchmark, ceilings):
     info = kb.run_case(benchmark, kb.decode_case(TINY, 4, 64, "cpu", torch.float32), "cpu", ceilings,
                        CPU_ROUNDS, CPU_WARMUP, CPU_EVENT_REPS)
     assert info["gbps"] > 0 and info["calls_per_round"] == 1
+
+
+@pytest.mark.smoke
+def test_decode_attention_mixed_smoke(benchmark, ceilings):
+    contexts = workloads.decode_contexts(workloads.smoke(), 2)
+    info = kb.run_case(benchmark, kb.decode_mixed_case(TINY, contexts, "cpu", torch.float32, max_model_len=64), "cpu",
+                       ceilings, CPU_ROUNDS, CPU_WARMUP, CPU_EVENT_REPS)
+    assert info["gbps"] > 0 and info["bytes_per_call"] > 0
 
 
 @pytest.mark.smoke

@@ -25,6 +25,15 @@ def test_headline_totals():
     assert all(0 <= t <= 10000 for p in w.prompts for t in p)
 
 
+def test_decode_contexts_follow_the_running_requests():
+    w = workloads.headline()
+    # every request decodes at least 100 steps; the longest output is 1,024, so one sequence runs at step 1,023
+    assert workloads.decode_contexts(w, 0) == [len(p) + 1 for p in w.prompts]
+    assert len(workloads.decode_contexts(w, 99)) == 256 and len(workloads.decode_contexts(w, 1023)) == 1
+    total = sum(len(workloads.decode_contexts(w, s)) for s in range(1024))
+    assert total == w.output_tokens  # one token per running request per step
+
+
 def test_other_workloads():
     p = workloads.prefix_heavy()
     assert p.num_requests == 256 and all(q[:1024] == p.prompts[0][:1024] for q in p.prompts)

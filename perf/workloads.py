@@ -88,6 +88,12 @@ def headline() -> Workload:
     return w
 
 
+def decode_contexts(w: Workload, step: int) -> list[int]:
+    """Context lengths of the sequences still running at decode step `step` when every request is admitted at
+    once (the headline at full batch): prompt + step + 1 for each request with more than `step` outputs."""
+    return [len(p) + step + 1 for p, n in zip(w.prompts, w.output_lens) if n > step]
+
+
 def smoke(num_requests: int = 8, max_prompt: int = 48, max_output: int = 12) -> Workload:
     """A CPU-sized version of the headline recipe."""
     return scaled(num_requests, max_prompt, max_output, min_prompt=max(1, max_prompt // 4),

@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanovllm_ref.oracle.adapters import resolve_factory
-from nanovllm_ref.testing.kernels import KERNELS, MAGNITUDES, KernelCandidate, nanovllm_ref_candidates
-from nanovllm_ref.testing.strategies import make_paged_batch
+from nanovllm_ref.testing.kernels import FIXED_INPUTS, KERNELS, MAGNITUDES, KernelCandidate, nanovllm_ref_candidates
 
 ON_GPU = torch.cuda.is_available()
 SLOW = HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
@@ -38,9 +37,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(f"--kernels: unknown kernel names {unknown}; known: {sorted(KERNELS)}")
         metafunc.parametrize("candidate", found, ids=[f"{c.kernel}-{c.label}" for c in found])
         metafunc.parametrize("magnitude", MAGNITUDES, ids=[f"x{m:g}" for m in MAGNITUDES])
-    if "decode_candidate" in metafunc.fixturenames:
-        found = [c for c in candidates(metafunc.config) if c.kernel == "decode_attention"]
-        metafunc.parametrize("decode_candidate", found, ids=[c.label for c in found])
+    if "fixed_case" in metafunc.fixturenames:
+        cases = [(c, name) for c in candidates(metafunc.config) for name in FIXED_INPUTS.get(c.kernel, {})]
+        metafunc.parametrize("fixed_case", cases, ids=[f"{c.kernel}-{c.label}-{name}" for c, name in cases])
 
 
 def check(candidate: KernelCandidate, magnitude: float, data: st.DataObject, size: str, dtypes) -> None:
@@ -63,12 +62,11 @@ def test_kernel_gpu(candidate, magnitude, data) -> None:
     check(candidate, magnitude, data, "full", (torch.float32, torch.float16, torch.bfloat16))
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
-def test_decode_every_split_of_every_kv_head(decode_candidate, kv_dtype) -> None:
-    """One fixed batch whose contexts fill every split of a split-K decode kernel for each of 3 KV heads (GQA 2).
-    The small Hypothesis draws above rarely have a context longer than one 64-key tile with more than one KV head,
-    so a kernel that maps a program to the wrong (head, split) could pass them."""
-    spec = KERNELS["decode_attention"]
-    batch = make_paged_batch([300, 1, 257, 130, 64], [1] * 5, num_kv_heads=3, group=2, head_dim=32, block_size=16,
-                             dtype=kv_dtype, device="cuda" if ON_GPU else "cpu", seed=7, poison="nan")
-    spec.check(spec.call(decode_candidate.fn, batch), spec.call(spec.reference, batch), batch)
+def test_kernel_fixed_inputs(fixed_case) -> None:
+    """Each candidate on its kernel's fixed inputs (nanovllm_ref.testing.kernels.FIXED_INPUTS): shapes where every
+    program axis holds data (every split of every KV head of split-K decode; a sampler's vocabulary chunks).
+    The small Hypothesis draws above rarely reach them, so a program mapped to the wrong split could pass those."""
+    candidate, name = fixed_case
+    spec = KERNELS[candidate.kernel]
+    inputs = FIXED_INPUTS[candidate.kernel][name]("cuda" if ON_GPU else "cpu")
+    spec.check(spec.call(candidate.fn, inputs), spec.call(spec.reference, inputs), inputs)

@@ -33,7 +33,7 @@ from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
 from ..kernels.store_kv import store_kv_reference
-from .strategies import RELATIVE_TOLERANCE, PagedBatch, paged_batches, relative_error
+from .strategies import RELATIVE_TOLERANCE, PagedBatch, make_paged_batch, paged_batches, relative_error
 
 MAGNITUDES = (1e-3, 1e-1, 1.0, 1e2)  # activations scaled by these: epsilon and accumulation-dtype bugs show
 
@@ -271,6 +271,35 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
     KernelSpec("qkv_epilogue", _epilogue_inputs, _epilogue_call, _epilogue_check, qkv_epilogue_reference),
 )}
+
+
+def _decode_every_split(dtype: torch.dtype) -> Callable[[str], PagedBatch]:
+    """Contexts that fill every split of a split-K decode kernel (3 splits of 64-key tiles) for each of 3 KV heads
+    (GQA 2): a program mapped to the wrong (head, split) only shows when both axes hold keys."""
+    return lambda device: make_paged_batch([300, 1, 257, 130, 64], [1] * 5, num_kv_heads=3, group=2, head_dim=32,
+                                           block_size=16, dtype=dtype, device=device, seed=7, poison="nan")
+
+
+def _sampling_across_splits(device: str) -> tuple:
+    """A vocabulary a two-stage sampler cuts into several chunks (20,011 entries: 3 of 8,192 with a partial last),
+    the best entry of each greedy row in another chunk, and rows at several temperatures."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(5, 20011, generator=gen) * 3
+    for row, col in enumerate((20010, 9000, 3, 16383)):
+        logits[row, col] = 50.0
+    temperature = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.7])
+    seeds = torch.tensor([5, -7, 2**40 + 3, 9, 123456789])
+    counters = torch.tensor([1, 2, 3, 2**33, 77])
+    return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
+
+
+# Fixed inputs per kernel (name -> device -> inputs), beside the Hypothesis draws: shapes large enough that every
+# program axis of a multi-program decomposition (splits, heads) holds data, which the small CPU draws rarely reach.
+FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "decode_attention": {"every-split-every-kv-head-float32": _decode_every_split(torch.float32),
+                         "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
+    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits},
+}
 
 
 def backend_candidates(backend_cls: type, label: str) -> list[KernelCandidate]:

@@ -293,12 +293,20 @@ def _sampling_across_splits(device: str) -> tuple:
     return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
 
 
+def _silu_wide_rows(device: str) -> tuple:
+    """Rows wider than one 1,024-column block (2,500 = 2 full blocks and a partial one)."""
+    gen = torch.Generator().manual_seed(13)
+    return ((torch.randn(3, 2 * 2500, generator=gen) * 4).to(device),)
+
+
 # Fixed inputs per kernel (name -> device -> inputs), beside the Hypothesis draws: shapes large enough that every
-# program axis of a multi-program decomposition (splits, heads) holds data, which the small CPU draws rarely reach.
+# program axis of a multi-program decomposition (splits, heads, column blocks) holds data, which the small CPU
+# draws rarely reach.
 FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "decode_attention": {"every-split-every-kv-head-float32": _decode_every_split(torch.float32),
                          "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
     "gumbel_sample": {"vocab-across-splits": _sampling_across_splits},
+    "silu_and_mul": {"wide-rows": _silu_wide_rows},
 }
 
 

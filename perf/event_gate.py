@@ -54,7 +54,7 @@ class Delta:
 
     @property
     def change_pct(self) -> float:
-        return (self.current_us / self.baseline_us - 1) * 100
+        return (self.current_us - self.baseline_us) / self.baseline_us * 100
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""Tests of the device-time regression gate (perf/event_gate.py, `--event-compare-fail`), on the CPU.
+
+Unit tests compare synthetic saved runs; the end-to-end test runs the perf suite's CPU smoke benchmark through
+pytest (in this process: a subprocess costs ~6 s of imports each) with a throw-away `--benchmark-storage`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from perf import event_gate
+from perf.tables import PERF_DIR
+
+KERNELS = os.path.join(PERF_DIR, "test_kernels.py")
+
+
+def _saved_run(path: Path, device_us: dict[str, float | None]) -> str:
+    """A file shaped like pytest-benchmark's --benchmark-save output; None: a benchmark without device time."""
+    benchmarks = [{"fullname": name, "stats": {"median": 1.0},
+                   "extra_info": {} if us is None else {event_gate.EVENT_KEY: us, "case": name}}
+                  for name, us in device_us.items()]
+    path.write_text(json.dumps({"machine_info": {}, "benchmarks": benchmarks}))
+    return str(path)
+
+
+def test_parse_percent_takes_whole_and_decimal_percentages():
+    assert [event_gate.parse_percent(t) for t in ("10", "2.5", "10%", " 0 ")] == [10.0, 2.5, 10.0, 0.0]
+    for bad in ("ten", "-1", "inf", "nan", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="percentage"):
+            event_gate.parse_percent(bad)
+
+
+def test_compare_fails_over_the_limit_passes_under_and_lists_what_it_cannot_compare(tmp_path):
+    base = event_gate.load_run(_saved_run(tmp_path / "base.json", {
+        "k::slower": 100.0, "k::at_limit": 100.0, "k::faster": 50.0, "k::old_no_event": None, "k::gone": 5.0}))
+    now = event_gate.load_run(_saved_run(tmp_path / "now.json", {
+        "k::slower": 112.5, "k::at_limit": 110.0, "k::faster": 40.0, "k::old_no_event": 7.0, "k::added": 3.0,
+        "engine::headline": None}))
+    report = event_gate.compare(base, now, 10.0, "base.json")
+    assert [(d.name, d.change_pct) for d in report.regressions] == [("k::slower", 12.5)]
+    assert {d.name for d in report.deltas} == {"k::slower", "k::at_limit", "k::faster"}
+    assert report.new == ("k::old_no_event", "k::added") and report.wall_only == ("engine::headline",)
+    text = "\n".join(report.lines())
+    assert "device-time gate FAILED: 1 of 3 benchmarks slower than the baseline by more than 10%" in text
+    assert "k::slower: 100.000 us -> 112.500 us (+12.5%)" in text  # names the benchmark, both times, the change
+    assert "new, not compared" in text and "k::added" in text and "wall-time gate only): engine::headline" in text
+    assert not event_gate.compare(base, now, 12.5, "base.json").regressions  # +12.5% is not over a 12.5% limit
+    decimal = event_gate.compare(base, now, 9.5, "base.json")  # a decimal limit: +10% is over 9.5%
+    assert {d.name for d in decimal.regressions} == {"k::slower", "k::at_limit"}
+    assert "device-time gate passed: 0 of 0" in "\n".join(event_gate.compare({}, now, 10.0, "empty").lines())
+
+
+def test_no_baseline_is_a_usage_error_naming_the_storage():
+    def session(compare, mapping):
+        return SimpleNamespace(compare=compare, compared_mapping=mapping, storage="file:///runs/cpu")
+
+    with pytest.raises(pytest.UsageError, match=r"needs --benchmark-compare"):
+        event_gate.baselines(session(None, {}))
+    with pytest.raises(pytest.UsageError, match=r"no baseline.*no saved run in file:///runs/cpu"):
+        event_gate.baselines(session(True, {}))
+    with pytest.raises(pytest.UsageError, match=r"no saved run matching '0042' in file:///runs/cpu"):
+        event_gate.baselines(session("0042", {}))
+    run = {"k::a": {"fullname": "k::a", "extra_info": {event_gate.EVENT_KEY: 1.0}}}
+    assert event_gate.baselines(session(True, {Path("x/0001.json"): run})) == {
+        "x/0001.json": {"k::a": {event_gate.EVENT_KEY: 1.0}}}
+
+
+def test_wall_check_is_waived_only_where_device_time_judges():
+    """pytest-benchmark's wall check keeps failing a benchmark without device time (engine, host overhead)."""
+    wall = SimpleNamespace(fails=lambda current, compared: "Field 'median' has failed")
+    found = {"0001.json": {"k::timed": {event_gate.EVENT_KEY: 3.0}, "engine::run": {"output_tok_s": 9.0}}}
+    exempt: list[str] = []
+    check = event_gate._WallCheckUnlessDeviceTimed(wall, found, exempt)
+    timed = SimpleNamespace(extra_info={event_gate.EVENT_KEY: 9.0})
+    assert check.fails(timed, {"path": "0001.json", "fullname": "k::timed"}) is None
+    assert exempt == ["k::timed: Field 'median' has failed"]
+    engine = SimpleNamespace(extra_info={"output_tok_s": 1.0})
+    assert check.fails(engine, {"path": "0001.json", "fullname": "engine::run"}) == "Field 'median' has failed"
+    new = SimpleNamespace(extra_info={event_gate.EVENT_KEY: 9.0})  # device-timed now, absent from the baseline
+    assert check.fails(new, {"path": "0001.json", "fullname": "k::new"}) == "Field 'median' has failed"
+
+
+def test_cli_compares_two_saved_runs(tmp_path, capsys):
+    base = _saved_run(tmp_path / "base.json", {"k::a": 10.0, "k::b": 20.0})
+    assert event_gate.main([base, _saved_run(tmp_path / "ok.json", {"k::a": 10.5, "k::b": 19.0}), "--fail", "10"]) == 0
+    assert "passed: 0 of 2" in capsys.readouterr().out
+    assert event_gate.main([base, _saved_run(tmp_path / "bad.json", {"k::a": 10.5, "k::b": 23.0}), "--fail", "10"]) == 1
+    assert "k::b: 20.000 us -> 23.000 us (+15.0%)" in capsys.readouterr().out
+
+
+def _perf_run(capsys: pytest.CaptureFixture, storage: Path, *args: str) -> tuple[int, str]:
+    code = pytest.main([KERNELS, "-q", "-p", "no:cacheprovider", f"--benchmark-storage=file://{storage}",
+                        "--benchmark-columns=min", *args])
+    captured = capsys.readouterr()
+    return int(code), captured.out + captured.err
+
+
+@pytest.mark.filterwarnings("ignore:Can't compare. No benchmark files")  # pytest-benchmark's, for run 0009
+def test_event_gate_end_to_end_on_the_cpu_smoke_benchmark(tmp_path, capsys):
+    """Save a real run; compare with it (passes); with a copy whose device times are 10,000x smaller (the gate
+    fails the session though the wall gate passes); with no saved run (a usage error before anything runs)."""
+    pytest.importorskip("pytest_benchmark")
+    store = tmp_path / "store"
+    code, out = _perf_run(capsys, store, "-k", "decode_attention_smoke", "--benchmark-save=base")
+    assert code == 0, out[-3000:]
+    [saved] = store.glob("*/0001_base.json")
+    run = json.loads(saved.read_text())
+    [bench] = run["benchmarks"]
+    assert bench["extra_info"][event_gate.EVENT_KEY] > 0
+
+    both = ["-k", "decode_attention_smoke or rmsnorm_smoke"]
+    # a shared CPU moves a tiny op's time by far less than 10x; rmsnorm is not in the baseline
+    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0001", "--event-compare-fail=1000")
+    assert code == 0, out[-3000:]
+    assert "device-time gate passed: 0 of 1 benchmarks" in out
+    assert "not compared" in out and "perf/test_kernels.py::test_rmsnorm_smoke" in out
+
+    bench["extra_info"][event_gate.EVENT_KEY] *= 1e-4
+    saved.with_name("0002_fast_device.json").write_text(json.dumps(run))
+    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0002", "--event-compare-fail=1000",
+                          "--benchmark-compare-fail=min:1000%")
+    assert code == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    assert "Performance has regressed" not in out  # the wall gate passed: the failure is the device-time gate's
+    assert "device-time gate FAILED: 1 of 1 benchmarks slower than the baseline by more than 1000%" in out
+    assert "REGRESSED  perf/test_kernels.py::test_decode_attention_smoke" in out
+
+    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0009", "--event-compare-fail=10")
+    assert code == pytest.ExitCode.USAGE_ERROR and "no saved run matching '0009'" in out
+    code, out = _perf_run(capsys, store, *both, "--event-compare-fail=10")
+    assert code == pytest.ExitCode.USAGE_ERROR and "needs --benchmark-compare" in out

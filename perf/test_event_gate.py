@@ -84,6 +84,9 @@ def test_wall_check_is_waived_only_where_device_time_judges():
     assert check.fails(engine, {"path": "0001.json", "fullname": "engine::run"}) == "Field 'median' has failed"
     new = SimpleNamespace(extra_info={event_gate.EVENT_KEY: 9.0})  # device-timed now, absent from the baseline
     assert check.fails(new, {"path": "0001.json", "fullname": "k::new"}) == "Field 'median' has failed"
+    lost = SimpleNamespace(extra_info={})  # device-timed in the baseline, not now: nothing else judges it
+    assert check.fails(lost, {"path": "0001.json", "fullname": "k::timed"}) == "Field 'median' has failed"
+    assert len(exempt) == 1
 
 
 def test_cli_compares_two_saved_runs(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Tests of the device-time regression gate (perf/event_gate.py, `--event-compare-fail`), on the CPU.
 
-Unit tests compare synthetic saved runs; the end-to-end test runs the perf suite's CPU smoke benchmark through
-pytest (in this process: a subprocess costs ~6 s of imports each) with a throw-away `--benchmark-storage`.
+Unit tests compare synthetic saved runs; the end-to-end test runs the perf suite's CPU smoke kernels and a
+host-overhead benchmark through pytest (in this process: a subprocess costs ~6 s of imports each) with a
+throw-away `--benchmark-storage`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from perf import event_gate
 from perf.tables import PERF_DIR
 
-KERNELS = os.path.join(PERF_DIR, "test_kernels.py")
+KERNELS, HOST = os.path.join(PERF_DIR, "test_kernels.py"), os.path.join(PERF_DIR, "test_host_overhead.py")
 
 
 def _saved_run(path: Path, device_us: dict[str, float | None]) -> str:
@@ -98,40 +99,69 @@ def test_cli_compares_two_saved_runs(tmp_path, capsys):
 
 
 def _perf_run(capsys: pytest.CaptureFixture, storage: Path, *args: str) -> tuple[int, str]:
-    code = pytest.main([KERNELS, "-q", "-p", "no:cacheprovider", f"--benchmark-storage=file://{storage}",
-                        "--benchmark-columns=min", *args])
+    """pytest on the CPU smoke kernels and a host-overhead benchmark (no device time); its exit code and output.
+    pytest-benchmark's failed wall gate raises out of pytest.main (a traceback and exit code 1 on the command line)."""
+    from pytest_benchmark.session import PerformanceRegression
+
+    try:
+        code = int(pytest.main([KERNELS, HOST, "-q", "-p", "no:cacheprovider", f"--benchmark-storage=file://{storage}",
+                                "--benchmark-columns=min", *args]))
+    except PerformanceRegression:
+        code = 1
     captured = capsys.readouterr()
-    return int(code), captured.out + captured.err
+    return code, captured.out + captured.err
+
+
+def _scaled(run: dict, factor: float, stats: bool) -> str:
+    """The run with every device time (and with `stats`, every wall-time statistic) multiplied by `factor`."""
+    run = json.loads(json.dumps(run))
+    for bench in run["benchmarks"]:
+        if event_gate.EVENT_KEY in bench["extra_info"]:
+            bench["extra_info"][event_gate.EVENT_KEY] *= factor
+        for key in ("min", "max", "mean", "median") if stats else ():
+            bench["stats"][key] *= factor
+    return json.dumps(run)
 
 
 @pytest.mark.filterwarnings("ignore:Can't compare. No benchmark files")  # pytest-benchmark's, for run 0009
-def test_event_gate_end_to_end_on_the_cpu_smoke_benchmark(tmp_path, capsys):
-    """Save a real run; compare with it (passes); with a copy whose device times are 10,000x smaller (the gate
-    fails the session though the wall gate passes); with no saved run (a usage error before anything runs)."""
+def test_event_gate_end_to_end_on_the_cpu_smoke_benchmarks(tmp_path, capsys):
+    """Save a real run, then compare: with itself (passes); with a copy whose device times are 10,000x smaller
+    (the device-time gate fails the session, pytest-benchmark's wall gate passes); with a copy whose wall times
+    are 10,000x smaller too (the wall gate fails the host benchmark only, the device-time report still prints);
+    with no saved run (a usage error before anything runs)."""
     pytest.importorskip("pytest_benchmark")
-    store = tmp_path / "store"
-    code, out = _perf_run(capsys, store, "-k", "decode_attention_smoke", "--benchmark-save=base")
+    store, host = tmp_path / "store", "perf/test_host_overhead.py::test_prefill_step_inputs[prefill]"
+    code, out = _perf_run(capsys, store, "-k", "decode_attention_smoke or prefill_step_inputs and not mixed",
+                          "--benchmark-save=base")
     assert code == 0, out[-3000:]
     [saved] = store.glob("*/0001_base.json")
     run = json.loads(saved.read_text())
-    [bench] = run["benchmarks"]
-    assert bench["extra_info"][event_gate.EVENT_KEY] > 0
+    saved_info = {b["fullname"]: b["extra_info"] for b in run["benchmarks"]}
+    assert saved_info["perf/test_kernels.py::test_decode_attention_smoke"][event_gate.EVENT_KEY] > 0
+    assert event_gate.EVENT_KEY not in saved_info[host]
 
-    both = ["-k", "decode_attention_smoke or rmsnorm_smoke"]
+    both = ["-k", "decode_attention_smoke or rmsnorm_smoke or prefill_step_inputs and not mixed"]
+    gates = ["--event-compare-fail=1000", "--benchmark-compare-fail=min:1000%"]
     # a shared CPU moves a tiny op's time by far less than 10x; rmsnorm is not in the baseline
     code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0001", "--event-compare-fail=1000")
     assert code == 0, out[-3000:]
     assert "device-time gate passed: 0 of 1 benchmarks" in out
     assert "not compared" in out and "perf/test_kernels.py::test_rmsnorm_smoke" in out
+    assert f"(wall-time gate only): {host}" in out
 
-    bench["extra_info"][event_gate.EVENT_KEY] *= 1e-4
-    saved.with_name("0002_fast_device.json").write_text(json.dumps(run))
-    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0002", "--event-compare-fail=1000",
-                          "--benchmark-compare-fail=min:1000%")
+    saved.with_name("0002_fast_device.json").write_text(_scaled(run, 1e-4, stats=False))
+    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0002", *gates)
     assert code == pytest.ExitCode.TESTS_FAILED, out[-3000:]
     assert "Performance has regressed" not in out  # the failure is the device-time gate's, not pytest-benchmark's
     assert "device-time gate FAILED: 1 of 1 benchmarks slower than the baseline by more than 1000%" in out
     assert "REGRESSED  perf/test_kernels.py::test_decode_attention_smoke" in out
+
+    saved.with_name("0003_fast_all.json").write_text(_scaled(run, 1e-4, stats=True))
+    code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0003", *gates)
+    assert code == 1 and "device-time gate FAILED: 1 of 1" in out
+    wall_failures = out.split("Performance has regressed")[1].split("-----")[0]
+    assert "test_prefill_step_inputs[prefill]" in wall_failures and "decode_attention" not in wall_failures
+    assert "wall-time regression not gated (its device time is): perf/test_kernels.py::test_decode_attention" in out
 
     code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0009", "--event-compare-fail=10")
     assert code == pytest.ExitCode.USAGE_ERROR and "no saved run matching '0009'" in out

@@ -10,6 +10,7 @@
 - `ceilings` (session): copy bandwidth and matmul rate of the device, measured once.
 - At the end, a table prints every benchmark's fraction of its ceiling (kernels: measured copy bandwidth or
   matmul rate; engine: the workload's memory roofline), so a run shows the targets without opening the JSON.
+- `--event-compare-fail=PCT` (with `--benchmark-compare[=NUM]`): the device-time gate of perf/event_gate.py.
 Without pytest-benchmark installed, a minimal `benchmark` fixture runs the same code (no stats saved).
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from perf import event_gate
 from perf.device import gpu_slug, has_cuda, machine_info, measure_ceilings
 from perf.models import ModelShape, model_folder, read_config
 from perf.roofline import Ceilings
@@ -40,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--perf-smoke", dict(action="store_true", help="also run the CPU smoke variants when a GPU is present")),
         ("--cpu-min-speedup", dict(type=float, default=1.5,
                                    help="cpu_bench gate: nanovllm_ref's least median speed-up over transformers")),
+        ("--event-compare-fail", dict(type=event_gate.parse_percent, default=None, metavar="PCT",
+                                      help="fail when a benchmark's CUDA-event time per call (extra_info) is more "
+                                           "than PCT percent slower than in the --benchmark-compare baseline")),
     ):
         try:
             group.addoption(name, **kwargs)
@@ -103,12 +108,24 @@ def _record_ceiling_fraction(request: pytest.FixtureRequest):
             request.config.stash.setdefault(_CEILING_ROWS, []).append(row)
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    rows = config.stash.get(_CEILING_ROWS, [])
-    if rows:
-        terminalreporter.write_sep("-", "fraction of the measured ceilings (perf/README.md)")
-        terminalreporter.write_line(text_table(rows))
+def pytest_sessionstart(session: pytest.Session) -> None:
+    event_gate.start(session.config)  # a usage error before any benchmark runs when there is no baseline
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    event_gate.finish(session)  # inside the terminal reporter's wrapper: before the summary below
+
+
+@pytest.hookimpl(wrapper=True)  # after pytest-benchmark's tables, even when its wall gate raised
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Any:
+    try:
+        return (yield)
+    finally:
+        rows = config.stash.get(_CEILING_ROWS, [])
+        if rows:
+            terminalreporter.write_sep("-", "fraction of the measured ceilings (perf/README.md)")
+            terminalreporter.write_line(text_table(rows))
+        event_gate.summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,15 @@
 
 This is the per-step CPU cost that sits between GPU forwards (nano-vllm's own scheduler + block manager:
 267 us per step on the headline workload, FACTS.md; its input preparation and sampling come on top).
-`NANOVLLM_REF_PERF_SLOW_HOST=1` runs prepare_step three extra times per step: a deliberate slow-down that
-shows the CPU regression gate tripping (perf/gate_demo.sh --cpu).
+`NANOVLLM_REF_PERF_SLOW_HOST=1` also prepares each steady decode step through the general per-sequence path (as
+if the DecodeBatch fast path were lost: ~1 ms on 256 sequences against a ~0.15 ms step on the 2-core machine), a
+deliberate slow-down that shows the CPU regression gate tripping (perf/gate_demo.sh --cpu). Three extra calls of
+the fast path (its earlier form) added ~25 us, inside a loaded machine's run-to-run noise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -63,8 +66,7 @@ class HostSim:
         t1 = time.perf_counter()
         step = prepare_step(out, BLOCK_SIZE)
         if self.slow:
-            for _ in range(3):
-                prepare_step(out, BLOCK_SIZE)
+            prepare_step(dataclasses.replace(out, decode_batch=None), BLOCK_SIZE)
         t2 = time.perf_counter()
         tokens = self._fake_tokens(len(step.sample_seq_ids))  # the model's output, as the runner gives it
         sampled = dict(zip(step.sample_seq_ids, tokens))

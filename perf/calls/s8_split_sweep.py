@@ -6,7 +6,8 @@ the last decode step that still runs that many sequences (workloads.decode_conte
 over 4 rotating layer caches (bf16, 16 / 8 heads, head_dim 128, block 16, longest first), CUDA events, median of 7;
 then the same batch sizes with uniform contexts of 512 and 4,096 tokens (other workloads).
 
-    python3 perf/calls/s8_split_sweep.py
+    python3 perf/calls/s8_split_sweep.py          # call 3: events around eager launches (host-bound at small batches)
+    python3 perf/calls/s8_split_sweep.py --spin   # call 6: the GPU spins while the host enqueues (device time)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 sys.path.insert(0, ".")
 from nanovllm_ref.attention.metadata import decode_batch_bucket  # noqa: E402
 from nanovllm_ref.kernels import decode_attention as da  # noqa: E402
+from perf.device import time_fn  # noqa: E402
 from perf.workloads import decode_contexts, headline  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS, COPIES = 16, 8, 128, 16, 28, 4
@@ -54,6 +56,8 @@ def run(b: dict, splits: int | None) -> None:
 
 
 def per_layer_us(b: dict, splits: int | None) -> float:
+    if "--spin" in sys.argv:  # call 6: a spin kernel ahead of the window hides the host's launches (perf/device.py)
+        return statistics.median(time_fn(lambda: run(b, splits), 7, "cuda", warmup=2)) * 1e6 / LAYERS
     run(b, splits)
     torch.cuda.synchronize()
     times = []

@@ -3,6 +3,9 @@ definition (slot = block_table[p // block_size] * block_size + p % block_size) f
 
 from __future__ import annotations
 
+import pickle
+
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,3 +49,24 @@ def test_token_columns_equal_per_token_definition(block_size, data):
     assert step.query_start_loc[-1] == len(ids) and step.pending == []
     for i, (seq, _) in enumerate(scheduled):
         assert step.block_table_array[i, : len(seq.block_table)].tolist() == seq.block_table
+
+
+@given(block_size=st.sampled_from([1, 16, 256]), data=st.data())
+def test_tensor_parallel_wire_keeps_every_field(block_size, data):
+    """A StepInput through pickle (workers.py sends one per step to every rank): the block tables arrive only as
+    their zero-padded array, every other field (token columns, per-row lists, their types) arrives unchanged, and
+    the step the caller keeps is not changed by being sent."""
+    scheduled = data.draw(chunks(block_size))
+    step = prepare_step(SchedulerOutput(scheduled=scheduled), block_size)
+    tables = [list(t) for t in step.block_tables]
+    got = pickle.loads(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL))
+    assert got.block_tables == [] and step.block_tables == tables
+    assert np.array_equal(got.padded_block_tables(), step.padded_block_tables())
+    for i, table in enumerate(tables):
+        assert got.padded_block_tables()[i, : len(table)].tolist() == table
+    for name in step.__dataclass_fields__:
+        if name in ("block_tables", "block_table_array"):
+            continue
+        mine, theirs = getattr(step, name), getattr(got, name)
+        assert type(mine) is type(theirs), name
+        assert (np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs), name

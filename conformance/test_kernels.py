@@ -64,7 +64,8 @@ def test_kernel_gpu(candidate, magnitude, data) -> None:
 
 def test_kernel_fixed_inputs(fixed_case) -> None:
     """Each candidate on its kernel's fixed inputs (nanovllm_ref.testing.kernels.FIXED_INPUTS): shapes where every
-    program axis holds data (every split of every KV head of split-K decode; a sampler's vocabulary chunks).
+    program axis holds data (every split of every KV head of split-K decode, a sampler's vocabulary chunks, the
+    column blocks of a wide SiLU-and-mul row).
     The small Hypothesis draws above rarely reach them, so a program mapped to the wrong split could pass those."""
     candidate, name = fixed_case
     spec = KERNELS[candidate.kernel]

@@ -281,8 +281,9 @@ def _decode_every_split(dtype: torch.dtype) -> Callable[[str], PagedBatch]:
 
 
 def _sampling_across_splits(device: str) -> tuple:
-    """A vocabulary a two-stage sampler cuts into several chunks (20,011 entries: 3 of 8,192 with a partial last),
-    the best entry of each greedy row in another chunk, and rows at several temperatures."""
+    """A vocabulary a two-stage sampler cuts into several chunks (20,011 entries: nanovllm_ref's kernel reads 3 of
+    7,168, the last partial), the greedy rows' best entries in the first, middle and last chunks, and a row at
+    t=0.7."""
     gen = torch.Generator().manual_seed(11)
     logits = torch.randn(5, 20011, generator=gen) * 3
     for row, col in enumerate((20010, 9000, 3, 16383)):

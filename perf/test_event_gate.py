@@ -124,12 +124,15 @@ def _scaled(run: dict, factor: float, stats: bool) -> str:
 
 
 @pytest.mark.filterwarnings("ignore:Can't compare. No benchmark files")  # pytest-benchmark's, for run 0009
-def test_event_gate_end_to_end_on_the_cpu_smoke_benchmarks(tmp_path, capsys):
+def test_event_gate_end_to_end_on_the_cpu_smoke_benchmarks(tmp_path, capsys, monkeypatch):
     """Save a real run, then compare: with itself (passes); with a copy whose device times are 10,000x smaller
     (the device-time gate fails the session, pytest-benchmark's wall gate passes); with a copy whose wall times
     are 10,000x smaller too (the wall gate fails the host benchmark only, the device-time report still prints);
     with no saved run (a usage error before anything runs)."""
     pytest.importorskip("pytest_benchmark")
+    # under pytest-xdist (`pytest -n 2`) this worker's environment says so, and pytest-benchmark would disable the
+    # nested session's benchmarks (nothing saved or compared): the nested session is not an xdist worker
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     store, host = tmp_path / "store", "perf/test_host_overhead.py::test_prefill_step_inputs[prefill]"
     code, out = _perf_run(capsys, store, "-k", "decode_attention_smoke or prefill_step_inputs and not mixed",
                           "--benchmark-save=base")

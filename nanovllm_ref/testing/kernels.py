@@ -274,9 +274,9 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 
 
 def _decode_every_split(dtype: torch.dtype) -> Callable[[str], PagedBatch]:
-    """Contexts that fill every split of a split-K decode kernel (3 splits of 64-key tiles) for each of 3 KV heads
-    (GQA 2): a program mapped to the wrong (head, split) only shows when both axes hold keys."""
-    return lambda device: make_paged_batch([300, 1, 257, 130, 64], [1] * 5, num_kv_heads=3, group=2, head_dim=32,
+    """Contexts that fill every split of a split-K decode kernel (3 splits of 32- or 64-key tiles) for each of 3 KV
+    heads (GQA 2): a program mapped to the wrong (head, split) only shows when both axes hold keys."""
+    return lambda device: make_paged_batch([200, 1, 130, 64], [1] * 4, num_kv_heads=3, group=2, head_dim=32,
                                            block_size=16, dtype=dtype, device=device, seed=7, poison="nan")
 
 

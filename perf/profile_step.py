@@ -39,7 +39,7 @@ from .models import ModelShape, model_folder, read_config
 from .roofline import causal_pairs, roofline
 from .step_trace import STEP_PREFIX, breakdown, decode_bounds, kernels_by_step, prefill_bounds, top_gaps, top_kernels
 
-PHASE_LABELS = {"launch_decode": "launch_decode (all of the next step's launches)",
+PHASE_LABELS = {"launch": "launch (all of the next step's launches)",
                 "compute_hidden": "  of it: compute_hidden (graph inputs + replay)",
                 "compute_logits": "  of it: compute_logits (LM head)", "_sample_on_device": "  of it: sampler",
                 "_apply": "_apply (scheduler.update)"}
@@ -100,7 +100,7 @@ class HostPhases:
         self.active = False
         engine, runner = llm.engine, llm.engine.runner
         self._undo = []
-        for name, owner in (("schedule_ahead", engine.scheduler), ("launch_decode", runner),
+        for name, owner in (("schedule_ahead", engine.scheduler), ("launch", runner),
                             ("compute_hidden", runner), ("compute_logits", runner.model),
                             ("_sample_on_device", runner), ("_apply", engine), ("prepare_step", llm_engine)):
             self._wrap(owner, name)

@@ -1,4 +1,4 @@
-"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch_decode): the step after the
+"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch): the step after the
 one in flight (decode, prefill chunks, or both) is scheduled and launched before that step's tokens are known, the
 input ids of rows continuing from them taken on the device. It must change nothing a user sees: the same tokens,
 texts and finish reasons as the synchronous engine, with rows finishing (stop tokens, stop strings, length limits
@@ -28,7 +28,7 @@ def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest
     """(token ids and finish reason per prompt (`full`: token ids, text, finish and stop reason per sample),
     [(launched ahead, with rows dropped, widest block table, a step with prefill chunks fed on the device)])."""
     ahead = []
-    original = ModelRunner.launch_decode
+    original = ModelRunner.launch
 
     def spy(self, step, prev=None, rows=None, dst=None):
         ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables)),
@@ -36,7 +36,7 @@ def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest
         return original(self, step, prev, rows, dst)
 
     with monkeypatch.context() as m:
-        m.setattr(ModelRunner, "launch_decode", spy)
+        m.setattr(ModelRunner, "launch", spy)
         with LLM(path, dtype="float32", async_scheduling=async_scheduling, **kw) as llm:
             outs = llm.generate(prompts, params, use_tqdm=False)
     if full:

@@ -54,15 +54,15 @@ def test_64_bit_seeds_at_both_ends_are_served(llm):
 
 
 def _fail_next_execute(llm, message: str) -> None:
-    """The next step the runner runs raises: synchronously (`execute`) or launched (`launch_decode`: async scheduling
+    """The next step the runner runs raises: synchronously (`execute`) or launched (`launch`: async scheduling
     launches prefill steps too)."""
     runner = llm.engine.runner
 
     def broken(*args, **kwargs):
-        del runner.execute, runner.launch_decode  # the class's methods again
+        del runner.execute, runner.launch  # the class's methods again
         raise RuntimeError(message)
 
-    runner.execute = runner.launch_decode = broken
+    runner.execute = runner.launch = broken
 
 
 def test_a_failing_step_fails_only_its_requests():

@@ -120,8 +120,8 @@ def test_tp2_async_scheduling_matches_tp1():
         want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
     with LLM(path, tensor_parallel_size=2, **kw) as llm:
         launches = []
-        original = llm.engine.runner.launch_decode
-        llm.engine.runner.launch_decode = lambda *a, **k: launches.append(k.get("dst") is not None) or original(*a, **k)
+        original = llm.engine.runner.launch
+        llm.engine.runner.launch = lambda *a, **k: launches.append(k.get("dst") is not None) or original(*a, **k)
         got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert len(launches) > 5, "steps did not take the async path under TP"

@@ -198,7 +198,7 @@ class LLMEngine:
         step = prepare_step(out, self.config.kvcache_block_size)
         if not self._can_launch(step):
             return self._apply(out, self.runner.execute(step))
-        return self._step_async(out, self.runner.launch_decode(step))
+        return self._step_async(out, self.runner.launch(step))
 
     def _can_launch(self, step: StepInput) -> bool:
         """Whether `step` may run without the host sampling it: logprobs need the logits there, penalties and other
@@ -226,12 +226,12 @@ class LLMEngine:
             keep = None
             if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
                 keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
-            return self.runner.launch_decode(step, prev=launched, rows=keep)
+            return self.runner.launch(step, prev=launched, rows=keep)
         if not step.pending:
-            return self.runner.launch_decode(step)
+            return self.runner.launch(step)
         row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
         dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])
-        return self.runner.launch_decode(step, prev=launched, rows=list(rows), dst=list(dst))
+        return self.runner.launch(step, prev=launched, rows=list(rows), dst=list(dst))
 
     def _drop_ahead_if_done(self) -> None:
         """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""

@@ -36,7 +36,7 @@ class StepOutput:
 
 @dataclass
 class Launched:
-    """A step queued on the device and not yet waited for (ModelRunner.launch_decode)."""
+    """A step queued on the device and not yet waited for (ModelRunner.launch)."""
 
     step: StepInput
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
@@ -242,8 +242,8 @@ class ModelRunner:
         return self._sample(step, logits)
 
     @torch.inference_mode()
-    def launch_decode(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
-                      dst: list[int] | None = None) -> Launched:
+    def launch(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
+               dst: list[int] | None = None) -> Launched:
         """Queue a step without logprobs without waiting for it: forward, logits, sampling, and an asynchronous copy
         of the tokens to the host. With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled tokens
         (`rows` of them, in order, if given) are taken on the device as the input ids of token rows `dst` (a step

@@ -86,7 +86,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
                 break
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens
                 step, key, prev_key, rows, dst = payload
-                launched[key] = runner.launch_decode(step, launched.get(prev_key), rows, dst)
+                launched[key] = runner.launch(step, launched.get(prev_key), rows, dst)
                 continue
             if command == "collect":  # rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
@@ -110,7 +110,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
 
 @dataclass(frozen=True)
 class TPLaunched:
-    """A step queued on every rank (TPExecutor.launch_decode); the workers hold its tensors."""
+    """A step queued on every rank (TPExecutor.launch); the workers hold its tensors."""
 
     step: StepInput
     key: int
@@ -189,9 +189,9 @@ class TPExecutor:
         self._send_all(("execute", step))
         return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
 
-    def launch_decode(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
-                      dst: list[int] | None = None) -> TPLaunched:
-        """Async scheduling under TP: every rank queues the step (ModelRunner.launch_decode) and keeps it; input ids
+    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
+               dst: list[int] | None = None) -> TPLaunched:
+        """Async scheduling under TP: every rank queues the step (ModelRunner.launch) and keeps it; input ids
         from `prev` are its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
         self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows, dst)))

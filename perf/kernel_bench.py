@@ -100,16 +100,20 @@ def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, 
                 set_bytes=size)
 
 
-def _paged(num_seqs: int, ctx: int, shape: Any, device: str, dtype: torch.dtype, block_size: int, seed: int) -> tuple:
-    """Random K/V caches holding num_seqs contexts of ctx tokens in shuffled blocks, and their block tables."""
+def _paged(contexts: list[int], shape: Any, device: str, dtype: torch.dtype, block_size: int, seed: int,
+           width_blocks: int | None = None) -> tuple:
+    """Random K/V caches holding one context per entry of `contexts` in shuffled blocks, their block tables
+    (zero-padded to `width_blocks` columns; default: the longest context's blocks) and seq_lens."""
     g = torch.Generator(device=device).manual_seed(seed)
-    per_seq = -(-ctx // block_size)
-    num_blocks = num_seqs * per_seq
-    cache_shape = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+    blocks = [-(-n // block_size) for n in contexts]
+    cache_shape = (sum(blocks), block_size, shape.num_kv_heads, shape.head_dim)
     k_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
     v_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
-    tables = torch.randperm(num_blocks, device=device, generator=g).view(num_seqs, per_seq).to(torch.int32)
-    seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=device)
+    perm = torch.randperm(sum(blocks), device=device, generator=g).to(torch.int32)
+    tables = torch.zeros(len(contexts), width_blocks or max(blocks), dtype=torch.int32, device=device)
+    for row, (start, n) in enumerate(zip(itertools.accumulate([0, *blocks]), blocks)):
+        tables[row, :n] = perm[start:start + n]
+    seq_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
     return k_cache, v_cache, tables, seq_lens, g
 
 
@@ -119,7 +123,7 @@ def decode_case(shape: Any, batch: int, ctx: int, device: str, dtype: torch.dtyp
     scale = shape.head_dim**-0.5
 
     def make(i: int) -> tuple:
-        k_cache, v_cache, tables, seq_lens, g = _paged(batch, ctx, shape, device, dtype, block_size, i)
+        k_cache, v_cache, tables, seq_lens, g = _paged([ctx] * batch, shape, device, dtype, block_size, i)
         q = torch.randn(batch, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
         return q, k_cache, v_cache, tables, seq_lens, scale
 
@@ -142,16 +146,8 @@ def decode_mixed_case(shape: Any, contexts: list[int], device: str, dtype: torch
     num_seqs, elem = len(contexts), torch.finfo(dtype).bits // 8
 
     def make(i: int) -> tuple:
-        g = torch.Generator(device=device).manual_seed(i)
-        blocks = [-(-n // block_size) for n in contexts]
-        cache_shape = (sum(blocks), block_size, shape.num_kv_heads, shape.head_dim)
-        k_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
-        v_cache = torch.randn(cache_shape, device=device, dtype=dtype, generator=g)
-        perm = torch.randperm(sum(blocks), device=device, generator=g).to(torch.int32)
-        tables = torch.zeros(num_seqs, -(-max_model_len // block_size), dtype=torch.int32, device=device)
-        for row, (start, n) in enumerate(zip(itertools.accumulate([0, *blocks]), blocks)):
-            tables[row, :n] = perm[start:start + n]
-        seq_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+        k_cache, v_cache, tables, seq_lens, g = _paged(contexts, shape, device, dtype, block_size, i,
+                                                       width_blocks=-(-max_model_len // block_size))
         q = torch.randn(num_seqs, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
         order = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
         return q, k_cache, v_cache, tables, seq_lens, order
@@ -174,7 +170,7 @@ def prefill_case(shape: Any, num_seqs: int, q_len: int, device: str, dtype: torc
     scale = shape.head_dim**-0.5
 
     def make(i: int) -> tuple:
-        k_cache, v_cache, tables, seq_lens, g = _paged(num_seqs, q_len, shape, device, dtype, block_size, i)
+        k_cache, v_cache, tables, seq_lens, g = _paged([q_len] * num_seqs, shape, device, dtype, block_size, i)
         q = torch.randn(num_seqs * q_len, shape.num_heads, shape.head_dim, device=device, dtype=dtype, generator=g)
         qsl = torch.arange(0, (num_seqs + 1) * q_len, q_len, dtype=torch.int32, device=device)
         if _triton(device):

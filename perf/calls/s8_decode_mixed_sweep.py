@@ -9,10 +9,12 @@ reports the estimated attention time of the whole run (sum over samples x 64 ste
 at the copy bandwidth measured here, and per batch size, which configuration is best.
 
 Variants: tile configuration (BLOCK_N, num_warps, num_stages), splits (the heuristic, or forced), the
-longest-first order on/off, and a grid in which the KV heads of one sequence are adjacent programs
-(`heads_fastest`: the heads of a token are adjacent in the cache, 8 x 256 B rows of one 2 KB line run).
+longest-first order on/off. Call 1 ran this script's first version (`git show a89f3c8:perf/calls/
+s8_decode_mixed_sweep.py`) on b831b16's kernel, with a copy of that kernel whose grid put the KV heads of one
+sequence side by side (`heads_fastest`: a token's heads are adjacent 256 B rows of one 2 KB cache row). Since a89f3c8
+that grid is the engine's own, so the copy is gone: both rounds now sweep the adopted kernel.
 
-    python3 perf/calls/s8_decode_mixed_sweep.py            # call 1: tiles, order, the heads-adjacent grid
+    python3 perf/calls/s8_decode_mixed_sweep.py            # call 1's sweep: tiles, order, splits of the top 3
     python3 perf/calls/s8_decode_mixed_sweep.py --round2   # call 2: tiles and splits of the adopted grid
 """
 
@@ -27,70 +29,16 @@ import torch
 sys.path.insert(0, ".")
 from nanovllm_ref.attention.metadata import decode_batch_bucket  # noqa: E402
 from nanovllm_ref.kernels import decode_attention as da  # noqa: E402
-from nanovllm_ref.kernels._triton_common import LOG2E, attend_tile, tl, triton  # noqa: E402
 from perf.device import measure_copy_gbps  # noqa: E402
-from perf.workloads import headline  # noqa: E402
+from perf.workloads import decode_contexts, headline  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS, COPIES, EVERY = 16, 8, 128, 16, 28, 4, 64
 MAX_MODEL_LEN = 2048 + 16
 
 
-@triton.jit
-def _heads_fastest_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, order_ptr, out_ptr, qk_scale,
-    stride_qs, stride_qh, stride_qd, stride_os, stride_oh, stride_od,
-    stride_cb, stride_cs, stride_ch, stride_cd, stride_bt, group,
-    NUM_KVH: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_ORDER: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    seq = pid // NUM_KVH
-    if HAS_ORDER:
-        seq = tl.load(order_ptr + seq).to(tl.int32)
-    kvh = pid % NUM_KVH
-    end = tl.load(seq_lens_ptr + seq)
-    full_end = end // BLOCK_N * BLOCK_N
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    heads = kvh * group + offs_g
-    g_mask = offs_g < group
-    q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptr + q_off, mask=g_mask[:, None], other=0.0)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = k_cache_ptr + kvh * stride_ch
-    v_base = v_cache_ptr + kvh * stride_ch
-    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    row_end = tl.full([BLOCK_G], 0, tl.int32) + end
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale,
-                                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                    False, False, "tf32")
-    if full_end < end:
-        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
-                                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                    True, False, "tf32")
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-
-
-def heads_fastest(q, k, v, tables, seq_lens, scale, order, out, cfg):
-    cfg = dict(cfg)
-    bn = cfg.pop("BLOCK_N")
-    _heads_fastest_kernel[(q.shape[0] * KV_HEADS,)](
-        q, k, v, tables, seq_lens, seq_lens if order is None else order, out, scale * LOG2E,
-        *q.stride(), *out.stride(), *k.stride(), tables.stride(0), HEADS // KV_HEADS,
-        NUM_KVH=KV_HEADS, BLOCK_SIZE=BLOCK, BLOCK_N=bn, BLOCK_G=16, BLOCK_D=HEAD_DIM, HEAD_DIM=HEAD_DIM,
-        HAS_ORDER=order is not None, **cfg)
-    return out
-
-
 def step_contexts() -> list[tuple[int, list[int]]]:
     w = headline()
-    plens = [len(p) for p in w.prompts]
-    return [(s, [p + s + 1 for p, o in zip(plens, w.output_lens) if o > s]) for s in range(0, 1024, EVERY)]
+    return [(s, decode_contexts(w, s)) for s in range(0, 1024, EVERY)]
 
 
 class Step:
@@ -115,16 +63,13 @@ class Step:
         self.bytes = LAYERS * (sum(ctx) * KV_HEADS * HEAD_DIM * 2 * 2 + 2 * self.q.numel() * 2)
         self.ws = torch.empty(da.decode_workspace_numel(len(ctx), HEADS, HEAD_DIM, 64), device=dev)
 
-    def run(self, variant: str, cfg: dict, splits: int | None, ordered: bool) -> None:
+    def run(self, cfg: dict, splits: int | None, ordered: bool) -> None:
         order = self.order if ordered else None
         for layer in range(LAYERS):
             k, v = self.caches[layer % COPIES]
-            if variant == "heads_fastest":
-                heads_fastest(self.q, k, v, self.tables, self.seq_lens, HEAD_DIM**-0.5, order, self.out, cfg)
-            else:
-                da.decode_attention(self.q, k, v, self.tables, self.seq_lens, HEAD_DIM**-0.5,
-                                    max_seq_len=MAX_MODEL_LEN, split_batch=decode_batch_bucket(len(self.seq_lens)),
-                                    num_splits=splits, order=order, out=self.out, workspace=self.ws, tile_config=cfg)
+            da.decode_attention(self.q, k, v, self.tables, self.seq_lens, HEAD_DIM**-0.5,
+                                max_seq_len=MAX_MODEL_LEN, split_batch=decode_batch_bucket(len(self.seq_lens)),
+                                num_splits=splits, order=order, out=self.out, workspace=self.ws, tile_config=cfg)
 
     def time(self, *args, reps: int = 5) -> float:
         self.run(*args)
@@ -149,17 +94,17 @@ def main() -> None:
     print("steps: " + ", ".join(f"{s}:{len(c)}x{sum(c) // len(c)}" for s, c, _ in samples), flush=True)
     default = da.decode_tile_config(HEAD_DIM, torch.bfloat16)
     ref = samples[0][2]
-    ref.run("split", default, None, True)
+    ref.run(default, None, True)
     expect = ref.out.clone()
 
-    def measure(label: str, variant: str, cfg: dict, splits: int | None, ordered: bool) -> tuple[float, list[float]]:
+    def measure(label: str, cfg: dict, splits: int | None, ordered: bool) -> tuple[float, list[float]]:
         try:
-            ref.run(variant, cfg, splits, ordered)
+            ref.run(cfg, splits, ordered)
             err = (ref.out.float() - expect.float()).abs().max().item()
             if err > 2e-2:
                 print(f"  {label}: max difference {err:.3g}", flush=True)
                 return float("inf"), []
-            per = [st.time(variant, cfg, splits, ordered) for _, _, st in samples]
+            per = [st.time(cfg, splits, ordered) for _, _, st in samples]
         except Exception as e:  # shared memory / registers
             print(f"  {label}: {type(e).__name__}", flush=True)
             return float("inf"), []
@@ -170,35 +115,33 @@ def main() -> None:
 
     results = {}
     print(f"default {default}", flush=True)
-    if "--round2" in sys.argv:  # call 2: the production kernel has the heads-adjacent grid since this call
-        results["default"] = measure("default", "split", default, None, True)
+    if "--round2" in sys.argv:  # call 2
+        results["default"] = measure("default", default, None, True)
         for splits in (1, 2, 3):
-            results[f"default splits={splits}"] = measure(f"default splits={splits}", "split", default, splits, True)
+            results[f"default splits={splits}"] = measure(f"default splits={splits}", default, splits, True)
         for bn, warps, stages in [(64, 2, 2), (64, 2, 3), (64, 2, 5), (64, 4, 2), (64, 4, 3), (64, 4, 4),
                                   (64, 4, 5), (32, 2, 5), (32, 4, 5), (128, 4, 2)]:
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-            results[str(cfg)] = measure(str(cfg), "split", cfg, None, True)
+            results[str(cfg)] = measure(str(cfg), cfg, None, True)
             if (bn, warps) == (64, 2):
-                results[f"{cfg} splits=1"] = measure(f"{cfg} splits=1", "split", cfg, 1, True)
+                results[f"{cfg} splits=1"] = measure(f"{cfg} splits=1", cfg, 1, True)
         round2_report(samples, results)
         return
-    results["default"] = measure("default", "split", default, None, True)
-    results["default, no order"] = measure("default, no order", "split", default, None, False)
-    results["default, heads_fastest"] = measure("default heads_fastest", "heads_fastest", default, None, True)
+    results["default"] = measure("default", default, None, True)
+    results["default, no order"] = measure("default, no order", default, None, False)
     for bn, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (2, 3, 4, 5)):
         cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
         if bn * warps > 512 or (bn == 16 and warps > 2):
             continue
-        results[str(cfg)] = measure(str(cfg), "split", cfg, None, True)
+        results[str(cfg)] = measure(str(cfg), cfg, None, True)
     top = sorted((v[0], k) for k, v in results.items() if v[1])[:6]
     print("top: " + "; ".join(f"{k} {t * 1e3:.1f} ms" for t, k in top), flush=True)
     for _, key in top[:3]:
         if not key.startswith("{"):
             continue
         cfg = eval(key)  # noqa: S307 (our own dict repr)
-        results[key + " heads_fastest"] = measure(key + " heads_fastest", "heads_fastest", cfg, None, True)
         for splits in (1, 2, 4):
-            results[key + f" splits={splits}"] = measure(key + f" splits={splits}", "split", cfg, splits, True)
+            results[key + f" splits={splits}"] = measure(key + f" splits={splits}", cfg, splits, True)
     round2_report(samples, results)
 
 

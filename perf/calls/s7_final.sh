@@ -7,23 +7,12 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 ROOT=$PWD L="$OUT/l"; mkdir -p "$L"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-bench() {  # tree, tag, args...
-  local tree=$1 tag=$2; shift 2
-  (cd "$tree" && PYTHONPATH=. timeout 150 python3 -m perf.bench_engine --arch qwen3-0.6b --workload headline \
-     --no-save --json "$L/$tag.json" "$@" > "$L/$tag.log" 2>&1)
-  echo "$tag rc=$? t=$SECONDS: $(grep -E 'run [0-9]/|fraction of roofline' "$L/$tag.log" | tr -s ' ' | tr '\n' ' ')"
-}
-gpu_pytest() {  # name, timeout, pytest args...: one conformance process in the background
-  local name=$1 limit=$2; shift 2
-  (timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE "$@" > "$L/$name.log" 2>&1
-   echo "$name rc=$? t=$SECONDS" >> "$L/rc.txt") &
-}
+source "$(dirname "$0")/lib.sh"  # bench, pytest_bg, gpu_pytest, GOLDENS
 bench "$ROOT" main_greedy --temperature 0 --repeat 3
 [ -d .gpu_tree/base ] && bench .gpu_tree/base base_greedy --temperature 0 --repeat 3 --no-ceilings
 bench "$ROOT" main_t06 --repeat 2 --no-ceilings
 timeout 150 python3 perf/calls/s7_idle_timeline.py > "$L/idle_after.log" 2>&1; echo "idle timeline rc=$? t=$SECONDS"
-for m in qwen3-tiny qwen3-gqa4 qwen2-tiny llama3-tiny mistral-tiny qwen3-moe-tiny qwen3-tied-hd64 qwen3-bias-hd32 \
-         qwen2-hd64 llama3-bias-hd32 mistral-hd64 qwen3-moe-unnorm-hd32; do
+for m in "${GOLDENS[@]}"; do
   gpu_pytest "golden_$m" 200 conformance/test_golden.py --model $m --engine-arg gpu_memory_utilization=0.04 \
     --report "$L/rep_$m.json"
 done

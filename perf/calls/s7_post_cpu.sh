@@ -3,13 +3,8 @@
 # unchanged): the twelve goldens and the sampling module side by side, then one headline run alone.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 L="$OUT/l"; mkdir -p "$L"
-gpu_pytest() {  # name, timeout, pytest args...: one conformance process in the background
-  local name=$1 limit=$2; shift 2
-  (timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE "$@" > "$L/$name.log" 2>&1
-   echo "$name rc=$? t=$SECONDS" >> "$L/rc.txt") &
-}
-for m in qwen3-tiny qwen3-gqa4 qwen2-tiny llama3-tiny mistral-tiny qwen3-moe-tiny qwen3-tied-hd64 qwen3-bias-hd32 \
-         qwen2-hd64 llama3-bias-hd32 mistral-hd64 qwen3-moe-unnorm-hd32; do
+source "$(dirname "$0")/lib.sh"  # bench, pytest_bg, gpu_pytest, GOLDENS
+for m in "${GOLDENS[@]}"; do
   gpu_pytest "golden_$m" 150 conformance/test_golden.py --model $m --engine-arg gpu_memory_utilization=0.04 --report /dev/null
 done
 gpu_pytest sampling 150 conformance/test_sampling.py --model qwen3-tiny --engine-arg gpu_memory_utilization=0.08 \

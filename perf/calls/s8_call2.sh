@@ -7,12 +7,7 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 ROOT=$PWD L="$OUT/l"; mkdir -p "$L"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-bench() {  # tree, tag, args...
-  local tree=$1 tag=$2; shift 2
-  (cd "$tree" && PYTHONPATH=. timeout 150 python3 -m perf.bench_engine --arch qwen3-0.6b --workload headline \
-     --no-save --json "$L/$tag.json" "$@" > "$L/$tag.log" 2>&1)
-  echo "$tag rc=$? t=$SECONDS: $(grep -E 'run [0-9]/|fraction of roofline' "$L/$tag.log" | tr -s ' ' | tr '\n' ' ')"
-}
+source "$(dirname "$0")/lib.sh"  # bench, pytest_bg, gpu_pytest, GOLDENS
 bench "$ROOT" new_greedy --temperature 0 --repeat 3
 bench .gpu_tree/base base_greedy --temperature 0 --repeat 3 --no-ceilings
 bench "$ROOT" new_t06 --repeat 2 --no-ceilings

@@ -7,21 +7,10 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 ROOT=$PWD L="$OUT/l"; mkdir -p "$L"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-bench() {  # tree, tag, args...
-  local tree=$1 tag=$2; shift 2
-  (cd "$tree" && PYTHONPATH=. timeout 150 python3 -m perf.bench_engine --arch qwen3-0.6b --workload headline \
-     --no-save --json "$L/$tag.json" "$@" > "$L/$tag.log" 2>&1)
-  echo "$tag rc=$? t=$SECONDS: $(grep -E 'run [0-9]/|fraction of roofline' "$L/$tag.log" | tr -s ' ' | tr '\n' ' ')"
-}
-gpu_pytest() {  # name, timeout, pytest args...: one conformance process in the background
-  local name=$1 limit=$2; shift 2
-  (timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE "$@" > "$L/$name.log" 2>&1
-   echo "$name rc=$? t=$SECONDS" >> "$L/rc.txt") &
-}
+source "$(dirname "$0")/lib.sh"  # bench, pytest_bg, gpu_pytest, GOLDENS
 bench "$ROOT" main_greedy --temperature 0 --repeat 3
 bench "$ROOT" main_t06 --repeat 3
-for m in qwen3-tiny qwen3-gqa4 qwen2-tiny llama3-tiny mistral-tiny qwen3-moe-tiny qwen3-tied-hd64 qwen3-bias-hd32 \
-         qwen2-hd64 llama3-bias-hd32 mistral-hd64 qwen3-moe-unnorm-hd32; do
+for m in "${GOLDENS[@]}"; do
   gpu_pytest "golden_$m" 200 conformance/test_golden.py --model $m --engine-arg gpu_memory_utilization=0.04 \
     --report "$L/rep_$m.json"
 done
@@ -31,12 +20,7 @@ for k in prefill_attention decode_attention store_kv rms_norm apply_rotary silu_
          qkv_epilogue; do
   gpu_pytest "kernel_$k" 200 conformance/test_kernels.py -k "$k" --model qwen3-tiny --report /dev/null
 done
-gpu_pytest_all() {  # name, timeout, pytest args...: like gpu_pytest, without -m gpu
-  local name=$1 limit=$2; shift 2
-  (timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE "$@" > "$L/$name.log" 2>&1
-   echo "$name rc=$? t=$SECONDS" >> "$L/rc.txt") &
-}
-gpu_pytest_all every_split 200 conformance/test_kernels.py -k every_split --model qwen3-tiny --report /dev/null
+pytest_bg every_split 200 conformance/test_kernels.py -k every_split --model qwen3-tiny --report /dev/null
 (timeout 200 python3 -m tools.mutants --gpu --only decode-grid-split-as-head --jobs 2 --timeout 180 --budget 190 \
    --out "$L/mutant_gpu" > "$L/mutant_gpu.log" 2>&1; echo "mutant_gpu rc=$? t=$SECONDS" >> "$L/rc.txt") &
 wait

@@ -1,8 +1,9 @@
-"""Engine configuration: the keyword arguments of `LLM(model, **config)` as a frozen, validated dataclass.
+"""Engine configuration: the keyword arguments of `LLM(model, **config)` as a frozen, validated dataclass, and
+what they resolve to on a checkpoint and a machine (`RunnerSpec`, made once by `resolve_spec`).
 
 An unknown key is a TypeError (nano-vllm silently dropped them); a bad value is a ValueError that names the
 field and the limit. Values that depend on the checkpoint or the machine ("auto" device/dtype, the KV cache
-size) are resolved later by the engine, never written back here.
+size) are resolved into the RunnerSpec, never written back into the Config.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .sampling_params import check_bools, check_int
 
@@ -79,3 +82,63 @@ class Config:
         if unknown:
             raise TypeError(f"unknown LLM config key(s) {unknown}; valid keys: {sorted(names)}")
         return cls(model=str(model), **kwargs)
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
+
+    model_path: str
+    device: str
+    dtype: torch.dtype
+    backend: str
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_kvcache_blocks: int | None
+    kv_cache_memory_gb: float
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    load_format: str = "auto"
+    cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
+
+
+def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
+    from .attention import resolve_backend_name
+    from .models import check_sliding_window
+
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU")
+    if config.dtype != "auto":
+        dtype = getattr(torch, config.dtype)  # one of DTYPES
+    elif device == "cpu":
+        dtype = torch.float32
+    else:
+        ckpt = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+        dtype = ckpt if ckpt in (torch.bfloat16, torch.float16) else torch.bfloat16
+    max_pos = hf_config.max_position_embeddings
+    max_model_len = config.max_model_len or max_pos
+    if max_model_len > max_pos:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_pos}")
+    check_sliding_window(hf_config, max_model_len)
+    return RunnerSpec(
+        model_path=config.model, device=device, dtype=dtype,
+        backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
+        block_size=config.kvcache_block_size,
+        max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
+        kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager, load_format=config.load_format,
+        cpu_threads=config.cpu_threads or auto_cpu_threads(hf_config.hidden_size, config.tensor_parallel_size),
+    )
+
+
+def auto_cpu_threads(hidden_size: int, tp: int) -> int:
+    """OMP_NUM_THREADS or the usable cores, shared by the TP ranks, and no more than hidden_size // 256."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or usable
+    return max(1, min(cores // tp, hidden_size // 256))

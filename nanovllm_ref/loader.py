@@ -1,4 +1,5 @@
-"""Load Hugging Face safetensors checkpoints into a model (safetensors only: never pickle).
+"""Read a Hugging Face checkpoint folder: its config and tokenizer (transformers' AutoConfig / AutoTokenizer) and
+its safetensors weights into a model (safetensors only: never pickle).
 
 Checkpoint names are mapped onto the model's packed parameters through `packed_modules_mapping`
 (q/k/v -> qkv_proj, gate/up -> gate_up_proj), or first through the model's `checkpoint_target(name)` when it
@@ -11,15 +12,36 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from .layers.linear import _check_shape
+from .layers.linear import check_shape
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def load_hf_config(path: str) -> Any:
+    from transformers import AutoConfig
+
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} does not exist or is not a folder")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model folder {path!r} has no config.json")
+    return AutoConfig.from_pretrained(path, trust_remote_code=False)
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The checkpoint's tokenizer, or None if it ships none (token-id prompts still work)."""
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def safetensors_files(path: str) -> list[str]:
@@ -71,7 +93,7 @@ def load_weights(model: nn.Module, path: str) -> None:
 
 
 def _copy_checked(param: nn.Parameter, tensor: torch.Tensor, shard_id: object = None) -> None:
-    _check_shape(param, tensor, param.shape)
+    check_shape(param, tensor, param.shape)
     param.data.copy_(tensor)
 
 

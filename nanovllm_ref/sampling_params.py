@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; the golden outputs store top-20
 MAX_N = 4096
@@ -138,3 +139,14 @@ def _checked_logit_bias(bias: object) -> dict[int, float] | None:
         if not _is_number(value) or not -100 <= value <= 100:
             raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {value!r}")
     return {int(t): float(v) for t, v in bias.items()} or None
+
+
+class ProcessedRow(NamedTuple):
+    """A sampling row that takes the torch processing path (layers/logits_processing.py), and what it reads."""
+
+    row: int  # index among the step's sampling rows
+    params: SamplingParams
+    token_ids: list[int]  # the sequence's own list (prompt, then output): read, never written
+    num_prompt_tokens: int
+    stop_ids: frozenset[int]  # EOS and stop_token_ids: masked while the output is shorter than min_tokens
+    seq_id: int = -1  # keys the penalty counts kept across steps (-1: none kept)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nanovllm_ref import LLM
-from nanovllm_ref.engine.loading import auto_cpu_threads
+from nanovllm_ref.config import auto_cpu_threads
 
 from .conftest import QWEN3, checkpoint_path
 

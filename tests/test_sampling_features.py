@@ -10,10 +10,10 @@ import torch
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
-from nanovllm_ref.engine.sequence import ProcessedRow
 from nanovllm_ref.layers.logits_processing import process_logits
 from nanovllm_ref.layers.sampler import SamplingBatch
 from nanovllm_ref.oracle.sampling_reference import process
+from nanovllm_ref.sampling_params import ProcessedRow
 
 from .conftest import QWEN3, checkpoint_path
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nanovllm_ref import SamplingParams
 from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
-from nanovllm_ref.engine.loading import load_tokenizer
+from nanovllm_ref.loader import load_tokenizer
 from nanovllm_ref.outputs import CompletionOutput, RequestOutput
 from nanovllm_ref.serve.engine_loop import Delta
 from nanovllm_ref.serve.handlers import Choice

@@ -13,8 +13,9 @@ from itertools import accumulate
 
 import numpy as np
 
+from ..sampling_params import ProcessedRow
 from .scheduler import SchedulerOutput
-from .sequence import PENDING, ProcessedRow, Sequence
+from .sequence import PENDING, Sequence
 
 
 @dataclass

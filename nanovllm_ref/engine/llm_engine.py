@@ -9,7 +9,7 @@ SGLang's overlap scheduler).
 Bad input raises before any state changes (SamplingParams range-checks its fields when it is made, seeds to
 64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
 cache); a failing request (non-finite logits) is finished with an error while the others go on; an exception
-inside a step fails only that step's requests. Loading the checkpoint and resolving the runner: loading.py.
+inside a step fails only that step's requests. Reading the checkpoint: loader.py; resolving the runner: config.py.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import os
 import random
 from typing import Any
 
-from ..config import Config
+from ..config import Config, resolve_spec
+from ..loader import load_hf_config, load_tokenizer
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
-from .loading import load_hf_config, load_tokenizer, resolve_spec
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
+from ..config import RunnerSpec
 from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
@@ -42,26 +43,6 @@ class Launched:
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
     host: torch.Tensor | None  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done` (rank 0)
     done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously, and on TP ranks other than 0
-
-
-@dataclass(frozen=True)
-class RunnerSpec:
-    """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
-
-    model_path: str
-    device: str
-    dtype: torch.dtype
-    backend: str
-    block_size: int
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    num_kvcache_blocks: int | None
-    kv_cache_memory_gb: float
-    gpu_memory_utilization: float
-    enforce_eager: bool
-    load_format: str = "auto"
-    cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
 
 
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,

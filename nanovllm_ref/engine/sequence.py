@@ -8,21 +8,8 @@ from __future__ import annotations
 
 import itertools
 from enum import Enum
-from typing import NamedTuple
 
-from ..sampling_params import SamplingParams
-
-
-class ProcessedRow(NamedTuple):
-    """A sampling row that takes the torch processing path (layers/logits_processing.py), and what it reads."""
-
-    row: int  # index among the step's sampling rows
-    params: SamplingParams
-    token_ids: list[int]  # the sequence's own list (prompt, then output): read, never written
-    num_prompt_tokens: int
-    stop_ids: frozenset[int]  # EOS and stop_token_ids: masked while the output is shorter than min_tokens
-    seq_id: int = -1  # keys the penalty counts kept across steps (-1: none kept)
-
+from ..sampling_params import ProcessedRow, SamplingParams
 
 # A token id not known on the host yet: the last token of a sequence whose step is in flight under async scheduling
 # (Scheduler.schedule_ahead); the step behind it takes the real id on the device. At most one per sequence.

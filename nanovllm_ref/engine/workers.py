@@ -27,8 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..config import RunnerSpec
 from .inputs import StepInput
-from .model_runner import Launched, ModelRunner, RunnerSpec, StepOutput
+from .model_runner import Launched, ModelRunner, StepOutput
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("NANOVLLM_REF_TP_TIMEOUT", "60")))
 STARTUP_TIMEOUT_S = float(os.environ.get("NANOVLLM_REF_TP_STARTUP_TIMEOUT", "900"))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, gather_last_dim_to_first_rank, tp_rank, tp_size
-from .linear import _check_shape
+from .linear import check_shape
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -24,7 +24,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        _check_shape(param, loaded, (self.vocab_size, *param.shape[1:]))
+        check_shape(param, loaded, (self.vocab_size, *param.shape[1:]))
         part = loaded[self.start : self.start + self.shard]
         param.data.zero_()
         param.data[: part.shape[0]].copy_(part)

@@ -15,7 +15,7 @@ from torch import nn
 from ..distributed import all_reduce, divide, tp_rank, tp_size
 
 
-def _check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
     if tuple(loaded.shape) != tuple(expected):
         raise ValueError(f"shape mismatch: checkpoint has {tuple(loaded.shape)}, model expects {tuple(expected)}")
 
@@ -33,7 +33,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        _check_shape(param, loaded, param.shape)
+        check_shape(param, loaded, param.shape)
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         rows = param.shape[0]
-        _check_shape(param, loaded, (rows * tp_size(), *param.shape[1:]))
+        check_shape(param, loaded, (rows * tp_size(), *param.shape[1:]))
         param.data.copy_(loaded.narrow(0, tp_rank() * rows, rows))
 
 
@@ -66,7 +66,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         size = self.output_sizes[shard_id]
         offset = sum(self.output_sizes[:shard_id]) // tp_size()
-        _check_shape(param, loaded, (size, *param.shape[1:]))
+        check_shape(param, loaded, (size, *param.shape[1:]))
         shard = size // tp_size()
         param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, tp_rank() * shard, shard))
 
@@ -99,7 +99,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (tp_rank() // self.kv_replicas) * kv_size
             full = self.total_num_kv_heads * d
-        _check_shape(param, loaded, (full, *param.shape[1:]))
+        check_shape(param, loaded, (full, *param.shape[1:]))
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
 
@@ -111,11 +111,11 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         if param.dim() == 1:  # the bias is added once, after the reduction
-            _check_shape(param, loaded, param.shape)
+            check_shape(param, loaded, param.shape)
             param.data.copy_(loaded)
             return
         cols = param.shape[1]
-        _check_shape(param, loaded, (param.shape[0], cols * tp_size()))
+        check_shape(param, loaded, (param.shape[0], cols * tp_size()))
         param.data.copy_(loaded.narrow(1, tp_rank() * cols, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ from itertools import chain
 
 import torch
 
-from ..engine.sequence import ProcessedRow
 from ..kernels.sampling import gumbel_sample_reference
+from ..sampling_params import ProcessedRow
 from .sampler import SamplingBatch, apply_warpers
 
 

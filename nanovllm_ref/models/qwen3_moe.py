@@ -21,7 +21,7 @@ from torch import nn
 
 from ..distributed import all_reduce, divide, tp_rank, tp_size
 from ..kernels.fused_moe import fused_moe, fused_moe_ref
-from ..layers.linear import ReplicatedLinear, _check_shape
+from ..layers.linear import ReplicatedLinear, check_shape
 from .qwen3 import Qwen3ForCausalLM
 
 EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -45,10 +45,10 @@ class FusedExperts(nn.Module):
         """shard_id (expert, 0 gate | 1 up) for a per-expert (I, H) tensor; None for the fused (E, 2 * I, H)."""
         i, full, r = self.inter, self.full_inter, tp_rank()
         if shard_id is None:
-            _check_shape(param, loaded, (param.shape[0], 2 * full, param.shape[2]))
+            check_shape(param, loaded, (param.shape[0], 2 * full, param.shape[2]))
             dst, parts = param.data, ((0, 0), (1, 1))  # (slot in this rank's rows, slot in the tensor's rows)
         else:
-            _check_shape(param, loaded, (full, param.shape[2]))
+            check_shape(param, loaded, (full, param.shape[2]))
             dst, parts = param.data[shard_id[0]], ((shard_id[1], 0),)
         for d, s in parts:
             dst.narrow(-2, d * i, i).copy_(loaded.narrow(-2, s * full + r * i, i))
@@ -56,7 +56,7 @@ class FusedExperts(nn.Module):
     def load_down(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None) -> None:
         """shard_id = expert for a per-expert (H, I) tensor; None for the fused (E, H, I)."""
         dst = param.data if shard_id is None else param.data[shard_id]
-        _check_shape(param, loaded, (*dst.shape[:-1], self.full_inter))
+        check_shape(param, loaded, (*dst.shape[:-1], self.full_inter))
         dst.copy_(loaded.narrow(-1, tp_rank() * self.inter, self.inter))
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine.loading import load_tokenizer
 from ..llm import LLM
+from ..loader import load_tokenizer
 from .app import build_app
 from .chat_template import read_chat_template
 from .engine_loop import EngineLoop

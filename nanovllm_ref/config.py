@@ -35,8 +35,9 @@ class Config:
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV cache
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    # schedule and launch the next step while the current one runs on the device (steps without logprobs)
-    async_scheduling: bool = True
+    # schedule and launch the next step while the current one runs on the device (steps without logprobs); None: on
+    # CUDA, where the host's work then overlaps the GPU's, off on the CPU, where the same cores would do both
+    async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
     seed: int = 0
@@ -66,7 +67,9 @@ class Config:
         gb = self.kv_cache_memory_gb
         if not isinstance(gb, (int, float)) or not gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {gb!r}")
-        check_bools(self, "enable_prefix_caching", "enforce_eager", "async_scheduling")
+        check_bools(self, "enable_prefix_caching", "enforce_eager")
+        if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
+            raise ValueError(f"async_scheduling must be a bool or None (on CUDA only), got {self.async_scheduling!r}")
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")

@@ -23,7 +23,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(2, 200) for _ in range(rng.randint(3, 40))] for _ in range(n)]
 
 
-def _run(path: str, async_scheduling: bool, prompts, params, monkeypatch: pytest.MonkeyPatch, full: bool = False,
+def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch: pytest.MonkeyPatch, full: bool = False,
          **kw):
     """(token ids and finish reason per prompt (`full`: token ids, text, finish and stop reason per sample),
     [(launched ahead, with rows dropped, widest block table, a step with prefill chunks fed on the device)])."""
@@ -79,6 +79,16 @@ def test_async_matches_sync_with_stops_lengths_and_sampling(path, monkeypatch):
     assert any(r for _, r, *_ in ahead), "no step was launched ahead of one whose rows finished"
 
 
+def test_async_scheduling_by_default_only_on_cuda(path, monkeypatch):
+    """On the CPU the host and the model share the cores: nothing would overlap, so the default runs every step
+    synchronously (asking for async scheduling, as the tests here do, still gets it)."""
+    prompts = _prompts(3, seed=3)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    default, launched = _run(path, None, prompts, params, monkeypatch)
+    assert launched == [], "the CPU default launched steps ahead"
+    assert default == _run(path, True, prompts, params, monkeypatch)[0]
+
+
 def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):
     # requests that run into max_model_len (a row finishing in the step in flight computes one token more in
     # the step behind it: still inside max_model_len) and a KV cache so small that decodes preempt each other
@@ -118,7 +128,7 @@ def test_abort_while_a_step_is_in_flight(path):
 
 
 def test_aborting_the_last_request_leaves_nothing_in_flight(path):
-    with LLM(path, dtype="float32") as llm:
+    with LLM(path, dtype="float32", async_scheduling=True) as llm:
         rid = llm.add_request([5, 6, 7], SamplingParams(max_tokens=20, ignore_eos=True))
         for _ in range(4):
             llm.step()

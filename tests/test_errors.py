@@ -109,6 +109,7 @@ def test_sampling_params_list_of_wrong_length(llm, reference_tokens):
         (dict(tensor_parallel_size=3), ValueError, "tensor_parallel_size=3 must divide"),
         (dict(attention_backend="magic"), ValueError, "attention_backend"),
         (dict(cpu_threads=0), ValueError, "cpu_threads must be an int >= 1"),
+        (dict(async_scheduling=1), ValueError, "async_scheduling must be a bool or None"),
     ],
 )
 def test_bad_config_is_refused_at_construction(kwargs, error, words):

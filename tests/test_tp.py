@@ -118,7 +118,7 @@ def test_tp2_async_scheduling_matches_tp1():
     kw = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=16)
     with LLM(path, **kw) as llm:
         want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
-    with LLM(path, tensor_parallel_size=2, **kw) as llm:
+    with LLM(path, tensor_parallel_size=2, async_scheduling=True, **kw) as llm:  # (on the CPU: asked for)
         launches = []
         original = llm.engine.runner.launch
         llm.engine.runner.launch = lambda *a, **k: launches.append(k.get("dst") is not None) or original(*a, **k)

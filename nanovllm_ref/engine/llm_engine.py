@@ -1,10 +1,10 @@
 """The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
 
-Async scheduling (`Config.async_scheduling`, steps without logprobs or logits processing, also under TP): the next
-step (decode, prefill chunks or both) is scheduled and launched before the current one's tokens are read back
-(`_step_async`); rows that continue with a token of the step in flight take it on the device. The host's update,
-scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's async scheduling,
-SGLang's overlap scheduler).
+Async scheduling (`Config.async_scheduling`: by default on CUDA only; steps without logprobs or logits processing;
+also under TP): the next step (decode, prefill chunks or both) is scheduled and launched before the current one's
+tokens are read back (`_step_async`); rows that continue with a token of the step in flight take it on the device.
+The host's update, scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's
+async scheduling, SGLang's overlap scheduler).
 
 Bad input raises before any state changes (SamplingParams range-checks its fields when it is made, seeds to
 64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
@@ -52,6 +52,8 @@ class LLMEngine:
         self.hf_config = load_hf_config(config.model)
         self.spec = resolve_spec(config, self.hf_config)
         self.tokenizer = load_tokenizer(config.model)
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else (
+            self.spec.device == "cuda")
         self.vocab_size = self.hf_config.vocab_size
         if config.tensor_parallel_size > 1:
             from .workers import TPExecutor
@@ -203,7 +205,7 @@ class LLMEngine:
     def _can_launch(self, step: StepInput) -> bool:
         """Whether `step` may run without the host sampling it: logprobs need the logits there, penalties and other
         logits processing every token (vLLM's async scheduling leaves these out too)."""
-        return (self.config.async_scheduling and max(step.num_logprobs, default=-1) < 0 and not step.processed
+        return (self.async_scheduling and max(step.num_logprobs, default=-1) < 0 and not step.processed
                 and not step.prompt_logprobs)
 
     def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:

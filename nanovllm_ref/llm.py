@@ -40,7 +40,7 @@ class LLM:
             raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)}, got {got!r}")
         # all checked (and text tokenized, once) before any is added
         token_ids = [self.engine.validate_request(p, sp) for p, sp in zip(prompts, sampling_params)]
-        ids = [self.engine.add_request(t, sp) for t, sp in zip(token_ids, sampling_params)]
+        ids = [self.engine.add_validated(t, sp) for t, sp in zip(token_ids, sampling_params)]
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         start, num_out = time.perf_counter(), 0

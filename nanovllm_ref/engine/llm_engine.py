@@ -93,7 +93,8 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """The prompt's token ids; raises ValueError/TypeError for anything the engine cannot serve."""
+        """The prompt's token ids; raises ValueError/TypeError for anything the engine cannot serve. The one check of
+        a request: `add_validated` takes what it returns (callers that check a batch before adding any)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.check_model_limits(self.vocab_size, self.tokenizer is not None)  # (ranges: SamplingParams itself)
@@ -118,10 +119,13 @@ class LLMEngine:
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
-        """Add a request (n > 1: n sequences; the others wait for the first one's prefill and take its prompt
-        blocks from the prefix cache). Sample i draws with seed `seed + i` (mod 2^64), so a seeded sample is
-        reproduced alone by a request with n = 1 and that seed."""
-        token_ids = self.validate_request(prompt, params)
+        """Validate and add a request; returns its id."""
+        return self.add_validated(self.validate_request(prompt, params), params, request_id)
+
+    def add_validated(self, token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Add a request whose prompt `validate_request` returned (n > 1: n sequences; the others wait for the first
+        one's prefill and take its prompt blocks from the prefix cache). Sample i draws with seed `seed + i`
+        (mod 2^64), so a seeded sample is reproduced alone by a request with n = 1 and that seed."""
         if request_id is None:
             request_id = str(self._next_id)
             self._next_id += 1

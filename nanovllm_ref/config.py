@@ -1,5 +1,6 @@
-"""Engine configuration: the keyword arguments of `LLM(model, **config)` as a frozen, validated dataclass, and
-what they resolve to on a checkpoint and a machine (`RunnerSpec`, made once by `resolve_spec`).
+"""Engine configuration: the keyword arguments of `LLM(model, **config)` as a frozen, validated dataclass; the
+checkpoint's architecture (`ModelConfig`, read once from its HF config); and what they resolve to on a machine
+(`RunnerSpec`, made once by `resolve_spec`).
 
 An unknown key is a TypeError (nano-vllm silently dropped them); a bad value is a ValueError that names the
 field and the limit. Values that depend on the checkpoint or the machine ("auto" device/dtype, the KV cache
@@ -88,6 +89,66 @@ class Config:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The architecture the models are built from: transformers' field names, read once from the HF config (both
+    RoPE dialects: `rope_parameters`, or `rope_theta` + `rope_scaling`; layers/rotary.py), with its defaults."""
+
+    architectures: tuple[str, ...]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_parameters: tuple[tuple[str, Any], ...]  # sorted (key, value) items: dict(...) to read
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None  # only where the checkpoint uses it (Qwen2's use_sliding_window)
+    dtype: torch.dtype | None = None  # the checkpoint's weights
+    eos_token_id: int | tuple[int, ...] | None = None
+    # mixture of experts (Qwen3-MoE); num_experts 0: dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_experts: tuple[tuple[str, Any], ...] = ()  # fields of shared experts (unsupported: models refuse them)
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> ModelConfig:
+        from .layers.rotary import rope_parameters
+
+        def get(name: str, default: Any = None) -> Any:
+            value = getattr(hf, name, None)
+            return default if value is None else value
+
+        heads, eos = hf.num_attention_heads, get("eos_token_id")
+        shared = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
+        return cls(
+            architectures=tuple(get("architectures", ())), vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size, num_hidden_layers=hf.num_hidden_layers,
+            num_attention_heads=heads, num_key_value_heads=get("num_key_value_heads", heads),
+            head_dim=get("head_dim") or hf.hidden_size // heads, rms_norm_eps=float(hf.rms_norm_eps),
+            max_position_embeddings=hf.max_position_embeddings,
+            rope_parameters=tuple(sorted(rope_parameters(hf).items())), hidden_act=get("hidden_act", "silu"),
+            attention_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)),
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+            sliding_window=get("sliding_window") if get("use_sliding_window", True) else None,
+            dtype=get("torch_dtype") or get("dtype"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            num_experts=get("num_experts", 0), num_experts_per_tok=get("num_experts_per_tok", 0),
+            moe_intermediate_size=get("moe_intermediate_size", 0), norm_topk_prob=bool(get("norm_topk_prob", False)),
+            decoder_sparse_step=get("decoder_sparse_step", 1), mlp_only_layers=tuple(get("mlp_only_layers", ())),
+            shared_experts=tuple((n, getattr(hf, n)) for n in shared if getattr(hf, n, None)),
+        )
+
+
+@dataclass(frozen=True)
 class RunnerSpec:
     """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
 
@@ -107,9 +168,8 @@ class RunnerSpec:
     cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
 
 
-def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
+def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
     from .attention import resolve_backend_name
-    from .models import check_sliding_window
 
     device = config.device
     if device == "auto":
@@ -121,13 +181,15 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     elif device == "cpu":
         dtype = torch.float32
     else:
-        ckpt = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
-        dtype = ckpt if ckpt in (torch.bfloat16, torch.float16) else torch.bfloat16
-    max_pos = hf_config.max_position_embeddings
+        dtype = model.dtype if model.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    max_pos = model.max_position_embeddings
     max_model_len = config.max_model_len or max_pos
     if max_model_len > max_pos:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_pos}")
-    check_sliding_window(hf_config, max_model_len)
+    window = model.sliding_window  # sliding-window attention is not implemented: refuse runs where it would matter
+    if window and max_model_len > window:
+        raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
+                         f"is not implemented; set max_model_len <= {window}")
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype,
         backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
@@ -136,7 +198,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
         max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
         kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=config.enforce_eager, load_format=config.load_format,
-        cpu_threads=config.cpu_threads or auto_cpu_threads(hf_config.hidden_size, config.tensor_parallel_size),
+        cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
 
 

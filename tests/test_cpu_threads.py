@@ -47,7 +47,6 @@ def test_cpu_tp_ranks_start_from_a_forkserver_cuda_ranks_are_spawned():
 
     from nanovllm_ref.engine.workers import worker_context
 
-    cfg = types.SimpleNamespace()
     expected = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    assert worker_context(types.SimpleNamespace(device="cpu"), cfg).get_start_method() == expected
-    assert worker_context(types.SimpleNamespace(device="cuda"), cfg).get_start_method() == "spawn"
+    assert worker_context(types.SimpleNamespace(device="cpu")).get_start_method() == expected
+    assert worker_context(types.SimpleNamespace(device="cuda")).get_start_method() == "spawn"

@@ -18,9 +18,8 @@ import json
 import logging
 import os
 import random
-from typing import Any
 
-from ..config import Config, resolve_spec
+from ..config import Config, ModelConfig, resolve_spec
 from ..loader import load_hf_config, load_tokenizer
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
@@ -33,10 +32,10 @@ from .sequence import Sequence
 from .workers import WorkersFailed
 
 
-def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
+def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
     """The tokens that end a request: config.json's eos_token_id and generation_config.json's (as vLLM)."""
     ids: set[int] = set()
-    sources = [getattr(hf_config, "eos_token_id", None)]
+    sources = [model_config.eos_token_id]
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
         with open(gen_path) as f:
@@ -49,25 +48,26 @@ def eos_token_ids(path: str, hf_config: Any) -> frozenset[int]:
 class LLMEngine:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.hf_config = load_hf_config(config.model)
-        self.spec = resolve_spec(config, self.hf_config)
+        self.hf_config = load_hf_config(config.model)  # as transformers reads it (the server shows it)
+        self.model_config = ModelConfig.from_hf(self.hf_config)
+        self.spec = resolve_spec(config, self.model_config)
         self.tokenizer = load_tokenizer(config.model)
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else (
             self.spec.device == "cuda")
-        self.vocab_size = self.hf_config.vocab_size
+        self.vocab_size = self.model_config.vocab_size
         if config.tensor_parallel_size > 1:
             from .workers import TPExecutor
 
-            self.runner = TPExecutor(self.spec, self.hf_config, config.tensor_parallel_size)
+            self.runner = TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
         else:
-            self.runner = ModelRunner(self.spec, self.hf_config)
+            self.runner = ModelRunner(self.spec, self.model_config)
         self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len,
-            eos_token_ids(config.model, self.hf_config),
+            eos_token_ids(config.model, self.model_config),
         )
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}

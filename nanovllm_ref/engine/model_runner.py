@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
-from ..config import RunnerSpec
+from ..config import ModelConfig, RunnerSpec
 from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
@@ -68,19 +68,18 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: l
 
 
 class ModelRunner:
-    def __init__(self, spec: RunnerSpec, hf_config: Any) -> None:
-        self.spec, self.hf_config = spec, hf_config
+    def __init__(self, spec: RunnerSpec, model_config: ModelConfig) -> None:
+        self.spec, self.model_config = spec, model_config
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
         backend_cls = get_backend_class(spec.backend)
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        backend_cls.check_supported(spec.device, spec.block_size, head_dim)
+        backend_cls.check_supported(spec.device, spec.block_size, model_config.head_dim)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(spec.dtype)
         try:
             with torch.device(self.device):
-                self.model = get_model_class(hf_config)(hf_config, backend_cls)
+                self.model = get_model_class(model_config)(model_config, backend_cls)
         finally:
             torch.set_default_dtype(default_dtype)
         if spec.load_format == "dummy":
@@ -93,7 +92,7 @@ class ModelRunner:
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.enforce_eager:
             self.graphs = DecodeGraphs(
-                self.model, hf_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
+                self.model, model_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
                 spec.max_model_len, spec.block_size,
             )
         if self.device.type == "cuda":
@@ -232,7 +231,7 @@ class ModelRunner:
         taken = None
         if prev is not None:
             taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
-            taken = taken.clamp(0, self.hf_config.vocab_size - 1)  # a NaN row's token must stay a valid id
+            taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
         n = len(step.sample_seq_ids)
         if logits is None:  # a TP rank other than 0: rank 0 samples, every rank keeps the tokens as next input ids

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import RunnerSpec
+from ..config import ModelConfig, RunnerSpec
 from .inputs import StepInput
 from .model_runner import Launched, ModelRunner, StepOutput
 
@@ -45,23 +45,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_context(spec: RunnerSpec, hf_config: Any) -> Any:
-    """CPU ranks: forkserver where the OS has it, whose server imports torch, this package and transformers' model
-    configs once per process tree, so a rank starts in ~0.1 s instead of re-importing them (5-15 s on a busy CPU;
-    the conformance suite starts a dozen ranks). Ranks inherit the server's environment (from the first TP engine).
-    CUDA ranks (and other OSes): spawn, each rank a fresh interpreter with the current environment."""
+def worker_context(spec: RunnerSpec) -> Any:
+    """CPU ranks: forkserver where the OS has it, whose server imports torch and this package once per process tree,
+    so a rank starts in ~0.1 s instead of re-importing them (5-15 s on a busy CPU; the conformance suite starts a
+    dozen ranks; ranks get a ModelConfig, so they never import transformers). Ranks inherit the server's
+    environment (from the first TP engine). CUDA ranks (and other OSes): spawn, each rank a fresh interpreter with
+    the current environment."""
     if spec.device != "cpu" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    types = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
-    configs = [f"transformers.models.{t}.configuration_{t}" for t in types]
-    # read when the server starts (the first TP engine); a module that does not import is skipped
-    ctx.set_forkserver_preload(["nanovllm_ref.engine.workers", type(hf_config).__module__, *configs])
+    ctx.set_forkserver_preload(["nanovllm_ref.engine.workers"])  # read when the server starts (the first TP engine)
     return ctx
 
 
-def check_tp_size(hf_config: Any, tp: int, device: str) -> None:
-    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+def check_tp_size(model_config: ModelConfig, tp: int, device: str) -> None:
+    heads, kv_heads = model_config.num_attention_heads, model_config.num_key_value_heads
     if heads % tp:
         raise ValueError(f"tensor_parallel_size={tp} must divide num_attention_heads={heads}")
     if kv_heads % tp and tp % kv_heads:
@@ -70,7 +68,8 @@ def check_tp_size(hf_config: Any, tp: int, device: str) -> None:
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible GPUs")
 
 
-def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: Any, conn: Connection) -> None:
+def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_config: ModelConfig,
+                 conn: Connection) -> None:
     try:
         if spec.device == "cuda":
             torch.cuda.set_device(rank)
@@ -78,7 +77,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, hf_config: 
             "nccl" if spec.device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
             world_size=world, timeout=COLLECTIVE_TIMEOUT,
         )
-        runner = ModelRunner(spec, hf_config)
+        runner = ModelRunner(spec, model_config)
         conn.send(("ready", runner.num_kvcache_blocks))
         launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
         while True:
@@ -118,15 +117,15 @@ class TPLaunched:
 
 
 class TPExecutor:
-    def __init__(self, spec: RunnerSpec, hf_config: Any, tp: int) -> None:
-        check_tp_size(hf_config, tp, spec.device)
-        ctx = worker_context(spec, hf_config)
+    def __init__(self, spec: RunnerSpec, model_config: ModelConfig, tp: int) -> None:
+        check_tp_size(model_config, tp, spec.device)
+        ctx = worker_context(spec)
         port = free_port()
         self.conns: list[Connection] = []
         self.procs = []
         for rank in range(tp):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(rank, tp, port, spec, hf_config, child), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(rank, tp, port, spec, model_config, child), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)

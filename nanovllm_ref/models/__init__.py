@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
+from ..config import ModelConfig
 from .llama import LlamaForCausalLM, MistralForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
@@ -20,17 +19,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 }
 
 
-def check_sliding_window(hf_config: Any, max_model_len: int) -> None:
-    """Sliding-window attention is not implemented: refuse any run where the window would matter."""
-    window = getattr(hf_config, "sliding_window", None)
-    in_use = getattr(hf_config, "use_sliding_window", True)  # Qwen2 has the flag; Mistral uses it when set
-    if window and in_use and max_model_len > window:
-        raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
-                         f"is not implemented; set max_model_len <= {window}")
-
-
-def get_model_class(hf_config: Any) -> type[nn.Module]:
-    archs = list(getattr(hf_config, "architectures", None) or [])
+def get_model_class(cfg: ModelConfig) -> type[nn.Module]:
+    archs = list(cfg.architectures)
     for arch in archs:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]

@@ -2,21 +2,20 @@
 q/k norms, with optional attention/MLP biases (transformers' `LlamaForCausalLM`, `MistralForCausalLM`).
 
 Mistral's sliding window is not implemented: the engine refuses a max_model_len beyond the window
-(see `check_sliding_window`), so nothing is ever computed with full attention where the model expects a
+(config.resolve_spec), so nothing is ever computed with full attention where the model expects a
 window.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..config import ModelConfig
 from .qwen3 import Qwen3ForCausalLM
 
 
 class LlamaForCausalLM(Qwen3ForCausalLM):
-    def arch_flags(self, cfg: Any) -> dict:
-        bias = bool(getattr(cfg, "attention_bias", False))
-        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False, "mlp_bias": bool(getattr(cfg, "mlp_bias", False))}
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        bias = cfg.attention_bias
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False, "mlp_bias": cfg.mlp_bias}
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..config import ModelConfig
 from .qwen3 import Qwen3ForCausalLM
 
 
 class Qwen2ForCausalLM(Qwen3ForCausalLM):
-    def arch_flags(self, cfg: Any) -> dict:
+    def arch_flags(self, cfg: ModelConfig) -> dict:
         return {"qkv_bias": True, "o_bias": False, "qk_norm": False, "mlp_bias": False}

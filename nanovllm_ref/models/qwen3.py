@@ -8,12 +8,12 @@ technical report; transformers `Qwen3ForCausalLM`; nano-vllm `qwen3.py`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..attention import AttentionBackend, get_forward_context
+from ..config import ModelConfig
 from ..distributed import tp_size
 from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import rotary_tables, rotate
@@ -22,7 +22,7 @@ from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding, rope_parameters
+from ..layers.rotary import RotaryEmbedding
 
 # bytes of q/k rows the CPU path norms and rotates at once: its temporaries stay in a core's L2 cache (a prompt
 # step's 5,141 x 10 x 32 float32 rows: 7-10 ms a layer in blocks of 256 KB against 14-17 ms in one pass)
@@ -30,9 +30,9 @@ CPU_BLOCK_BYTES = 256 * 1024
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict) -> None:
         super().__init__()
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, self.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, flags["qkv_bias"]
         )
@@ -42,7 +42,7 @@ class DecoderAttention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
-        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, rope_parameters(cfg))
+        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, dict(cfg.rope_parameters))
         scale = self.head_dim**-0.5
         self.attn = Attention(backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, scale))
 
@@ -103,9 +103,9 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, cfg: Any, bias: bool) -> None:
+    def __init__(self, cfg: ModelConfig, bias: bool) -> None:
         super().__init__()
-        if getattr(cfg, "hidden_act", "silu") != "silu":
+        if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
         inter = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias)
@@ -117,7 +117,7 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict, mlp: nn.Module) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(cfg, backend_cls, flags)
         self.mlp = mlp
@@ -138,7 +138,7 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(
-        self, cfg: Any, backend_cls: type[AttentionBackend], flags: dict, make_mlp: Callable[[int], nn.Module]
+        self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict, make_mlp: Callable[[int], nn.Module]
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
@@ -163,25 +163,25 @@ class Qwen3ForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def arch_flags(self, cfg: Any) -> dict:
-        bias = bool(getattr(cfg, "attention_bias", False))
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        bias = cfg.attention_bias
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": True, "mlp_bias": False}
 
-    def __init__(self, cfg: Any, backend_cls: type[AttentionBackend]) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend]) -> None:
         super().__init__()
         self.check_config(cfg)
         flags = self.arch_flags(cfg)
         self.model = DecoderModel(cfg, backend_cls, flags, lambda i: self.make_mlp(cfg, i, flags))
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.tie_word_embeddings = cfg.tie_word_embeddings
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def make_mlp(self, cfg: Any, layer_idx: int, flags: dict) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict) -> nn.Module:
         """The MLP of layer `layer_idx` (dense SwiGLU here; per-layer choices in subclasses, e.g. MoE)."""
         return DecoderMLP(cfg, flags["mlp_bias"])
 
-    def check_config(self, cfg: Any) -> None:
+    def check_config(self, cfg: ModelConfig) -> None:
         if cfg.num_attention_heads % tp_size():
             raise ValueError(
                 f"num_attention_heads ({cfg.num_attention_heads}) is not divisible by "

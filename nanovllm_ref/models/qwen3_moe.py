@@ -14,18 +14,17 @@ columns), the router is replicated, and the block ends in one all-reduce.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import torch
 from torch import nn
 
+from ..config import ModelConfig
 from ..distributed import all_reduce, divide, tp_rank, tp_size
 from ..kernels.fused_moe import fused_moe, fused_moe_ref
 from ..layers.linear import ReplicatedLinear, check_shape
 from .qwen3 import Qwen3ForCausalLM
 
 EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-UNSUPPORTED_FIELDS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 
 
 class FusedExperts(nn.Module):
@@ -61,7 +60,7 @@ class FusedExperts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, bool(cfg.norm_topk_prob)
         self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, bias=False)
@@ -79,18 +78,17 @@ class SparseMoeBlock(nn.Module):
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts."""
 
-    def make_mlp(self, cfg: Any, layer_idx: int, flags: dict) -> nn.Module:
-        sparse = (layer_idx not in (cfg.mlp_only_layers or []) and cfg.num_experts > 0
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict) -> nn.Module:
+        sparse = (layer_idx not in cfg.mlp_only_layers and cfg.num_experts > 0
                   and (layer_idx + 1) % cfg.decoder_sparse_step == 0)
         return SparseMoeBlock(cfg) if sparse else super().make_mlp(cfg, layer_idx, flags)
 
-    def check_config(self, cfg: Any) -> None:
+    def check_config(self, cfg: ModelConfig) -> None:
         super().check_config(cfg)
-        for name in UNSUPPORTED_FIELDS:
-            if getattr(cfg, name, None):
-                raise ValueError(f"config field {name}={getattr(cfg, name)!r}: shared experts are not supported by "
-                                 "Qwen3MoeForCausalLM (transformers' Qwen3-MoE has none)")
-        if getattr(cfg, "hidden_act", "silu") != "silu":
+        for name, value in cfg.shared_experts:
+            raise ValueError(f"config field {name}={value!r}: shared experts are not supported by "
+                             "Qwen3MoeForCausalLM (transformers' Qwen3-MoE has none)")
+        if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
 
     def checkpoint_target(self, name: str) -> tuple[str, object] | None:

@@ -27,12 +27,13 @@ from typing import Any
 
 import pytest
 
+from nanovllm_ref.testing.bench.device import gpu_slug, has_cuda, machine_info, measure_ceilings
+from nanovllm_ref.testing.bench.models import ModelShape, model_folder, read_config
+from nanovllm_ref.testing.bench.roofline import Ceilings
+from nanovllm_ref.testing.bench.tables import text_table
 from perf import event_gate
 from perf.baseline_check import require_baseline
-from perf.device import gpu_slug, has_cuda, machine_info, measure_ceilings
-from perf.models import ModelShape, model_folder, read_config
-from perf.roofline import Ceilings
-from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row, text_table
+from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
 
 DEFAULT_STORAGE = "file://./.benchmarks"
 

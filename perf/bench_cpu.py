@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.model, args.threads)
-    from .tables import save_result, text_table
+    from nanovllm_ref.testing.bench.tables import save_result, text_table
 
     vllm = vllm_python(args.vllm_python)
     w, walls = run_benchmark(args.model, args.rounds, args.threads, vllm, num_prompts=args.prompts,

@@ -11,6 +11,8 @@
 - At the end, a table prints every benchmark's fraction of its ceiling (kernels: measured copy bandwidth or
   matmul rate; engine: the workload's memory roofline), so a run shows the targets without opening the JSON.
 - `--event-compare-fail=PCT` (with `--benchmark-compare[=NUM]`): the device-time gate of perf/event_gate.py.
+- `--benchmark-compare` / `--benchmark-compare-fail` with no saved run to compare with: a one-line usage error
+  before collection (perf/baseline_check.py).
 Without pytest-benchmark installed, a minimal `benchmark` fixture runs the same code (no stats saved).
 """
 
@@ -25,11 +27,13 @@ from typing import Any
 
 import pytest
 
+from nanovllm_ref.testing.bench.device import gpu_slug, has_cuda, machine_info, measure_ceilings
+from nanovllm_ref.testing.bench.models import ModelShape, model_folder, read_config
+from nanovllm_ref.testing.bench.roofline import Ceilings
+from nanovllm_ref.testing.bench.tables import text_table
 from perf import event_gate
-from perf.device import gpu_slug, has_cuda, machine_info, measure_ceilings
-from perf.models import ModelShape, model_folder, read_config
-from perf.roofline import Ceilings
-from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row, text_table
+from perf.baseline_check import require_baseline
+from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
 
 DEFAULT_STORAGE = "file://./.benchmarks"
 
@@ -66,6 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
     storage = getattr(config.option, "benchmark_storage", None)
     if storage is not None and storage == DEFAULT_STORAGE:
         config.option.benchmark_storage = f"file://{BASELINES_DIR}/{gpu_slug()}"
+    require_baseline(config, gpu_slug())  # before collection: a gate that compares nothing must not pass
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

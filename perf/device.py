@@ -1,174 +1,205 @@
-"""The device under test: its name and software versions, its measured ceilings, and timing helpers.
+"""The device entry point: named plans of GPU work, each runnable in one call of a GPU machine.
 
-Ceilings (measured once per process, cached):
-- copy bandwidth: `dst.copy_(src)` of 4 GiB on the GPU (64 MiB on the CPU), median of 10, counting the
-  bytes read plus the bytes written (FACTS.md: 4.25 TB/s on the H200);
-- matmul: bf16 8192^3 `torch.mm` on the GPU (fp32 1024^3 on the CPU), median of 10 (H200: ~790 TFLOP/s).
-Timing: CUDA events around the work (GPU) or `time.perf_counter` (CPU), always after a synchronize. On the GPU
-a spin kernel (`torch.cuda._sleep`) is queued before the start event, long enough to cover the host's launches:
-the work then waits in the queue and the events time the GPU, not Python's launch latency (a 40 us kernel
-launched onto an idle GPU otherwise measures ~60 us). nvbench's "blocking kernel" does the same.
+    python -m perf.device --list                      # the plans, each step's command and time limit
+    python -m perf.device headline                    # one plan
+    python -m perf.device headline conformance        # several, one after another
+    python -m perf.device tp --dry-run                # print the commands only
+    python -m perf.device kernels --logs DIR          # logs and JSON into DIR
+
+Plans (every command is a public tool of this repository; nothing here has numbers of its own):
+- `headline`: nano-vllm's workload on Qwen3-0.6B, greedy and t=0.6 (3 runs each, ceilings measured in the run),
+  batch-1 / batch-64 latency, and where the GPU idles over a run (perf/idle_timeline.py);
+- `peers`: transformers' continuous batching on the same workload (perf/peers.py), plain and with CUDA graphs;
+- `profile`: the step-time breakdown (perf/profile_step.py);
+- `conformance`: `pytest conformance -m gpu`, every golden checkpoint of golden/manifest.json, the sampling
+  module and the kernel module one kernel per process, side by side on the GPU (small KV budgets);
+- `kernels`: the kernel benchmarks against this GPU's saved baseline with both gates (perf/README.md), the run
+  saved as JSON; `baseline` records one on a GPU that has none;
+- `mutants`: the GPU column of the mutation table (`python -m tools.mutants --gpu`);
+- `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
+  TP cases (needs two GPUs).
+Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
+a table at the end gives each step's exit code, time and result line. The exit code is 1 if any step failed.
+To make a run the tracked one, copy its JSON into perf/results/<gpu-slug>/ (or perf/baselines/, for `kernels`).
 """
 
 from __future__ import annotations
 
-import functools
+import argparse
+import json
 import os
-import platform
 import re
-import statistics
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+from nanovllm_ref.testing.bench.tables import results_dir, text_table
 
-from .roofline import Ceilings
-
-
-def has_cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def device_type() -> str:
-    return "cuda" if has_cuda() else "cpu"
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE")
+BENCH = ("{python}", "-m", "nanovllm_ref.testing.bench", "--arch", "qwen3-0.6b", "--workload", "headline")
+KERNELS = ("prefill_attention", "decode_attention", "store_kv", "rms_norm", "apply_rotary", "silu_and_mul",
+           "fused_moe", "gumbel_sample", "qkv_epilogue")
+RESULT_LINE = re.compile(r"\b(passed|failed|error|caught|output tok/s|fraction of roofline|busy|rc=)\b", re.I)
 
 
-def sync(device: str | torch.device = "cuda") -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+@dataclass(frozen=True)
+class Step:
+    """One command ({python}, {logs} are filled in); `alongside`: it runs in the background, beside the next."""
+    name: str
+    argv: tuple[str, ...]
+    timeout_s: int
+    alongside: bool = False
 
 
-def gpu_name() -> str:
-    return torch.cuda.get_device_name(0) if has_cuda() else "cpu"
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    what: str
+    steps: tuple[Step, ...]
 
 
-def slug(name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200' (a folder name for per-GPU baselines)."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+def goldens() -> list[str]:
+    """The golden checkpoints' names, from golden/manifest.json (new checkpoints join the plans by themselves)."""
+    with open(ROOT / "golden" / "manifest.json") as f:
+        return sorted(json.load(f)["checkpoints"])
 
 
-def gpu_slug() -> str:
-    """Baseline folder of this machine: 'nvidia-h200', or 'nvidia-h200-x2' on a two-GPU host (TP cases differ)."""
-    if not has_cuda():
-        return "cpu"
-    count = torch.cuda.device_count()
-    return slug(gpu_name()) + (f"-x{count}" if count > 1 else "")
+def _gpu_conformance() -> tuple[Step, ...]:
+    golden = tuple(Step(f"golden_{m}", (*PYTEST, "-m", "gpu", "conformance/test_golden.py", "--model", m,
+                                         "--engine-arg", "gpu_memory_utilization=0.04",
+                                         "--report", f"{{logs}}/report_{m}.json"), 300, alongside=True)
+                   for m in goldens())
+    sampling = Step("sampling", (*PYTEST, "-m", "gpu", "conformance/test_sampling.py", "--model", "qwen3-tiny",
+                                 "--engine-arg", "gpu_memory_utilization=0.08", "--report", os.devnull), 300, True)
+    kernels = tuple(Step(f"kernel_{k}", (*PYTEST, "-m", "gpu", "conformance/test_kernels.py", "-k", k, "--model",
+                                         "qwen3-tiny", "--report", os.devnull), 300, alongside=True) for k in KERNELS)
+    return (*golden, sampling, *kernels)
 
 
-@functools.cache
-def driver_version() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
+def _kernel_gate(compare: bool) -> Step:
+    gates = ("--benchmark-compare", "--event-compare-fail=10", "--benchmark-compare-fail=median:10%") if compare else ()
+    return Step("perf_kernels", (*PYTEST, "perf/test_kernels.py", "-m", "gpu", *gates, "--benchmark-autosave",
+                                 "--benchmark-json={logs}/perf_kernels.json"), 300)
 
 
-def machine_info() -> dict[str, object]:
-    """Static facts of the machine (no measurements: pytest-benchmark compares these between runs)."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    info: dict[str, object] = {
-        "gpu_name": gpu_name(),
-        "gpu_count": torch.cuda.device_count() if has_cuda() else 0,
-        "torch_version": torch.__version__,
-        "triton_version": triton_version,
-        "cuda_version": torch.version.cuda,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    if has_cuda():
-        props = torch.cuda.get_device_properties(0)
-        info.update(driver_version=driver_version(), gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                    gpu_sm_count=props.multi_processor_count, gpu_capability=f"{props.major}.{props.minor}")
-    return info
+def _tp() -> tuple[Step, ...]:
+    bench = tuple(Step(f"tp{n}", ("{python}", "-m", "nanovllm_ref.testing.bench", "--arch", "qwen3-8b", "--workload",
+                                  "headline", "--num-requests", "128", "--tp", str(n), "--repeat", "2",
+                                  "--no-progress", "--json", f"{{logs}}/tp{n}.json"), 240) for n in (1, 2))
+    conformance = tuple(Step(f"conformance_tp2_{m}", (*PYTEST, "-m", "gpu", "conformance/test_golden.py", "--tp", "2",
+                                                      "--model", m, "--report", os.devnull), 200)
+                        for m in ("qwen3-tiny", "qwen3-bias-hd32", "llama3-bias-hd32", "qwen3-moe-unnorm-hd32"))
+    perf = Step("perf_tp", (*PYTEST, "perf/test_engine.py", "-m", "gpu", "-k", "tp_scaling", "--arch", "qwen3-8b",
+                            "--benchmark-autosave", "--benchmark-json={logs}/perf_tp.json"), 400)
+    return (*bench, *conformance, perf)
 
 
-def spin_gpu(seconds: float, clock_hz: float = 2e9) -> None:
-    """Queue a kernel that keeps the GPU busy ~`seconds` (at least: clocks at or below 2 GHz, the H200's 1.98)."""
-    torch.cuda._sleep(int(seconds * clock_hz))
+PLANS = {p.name: p for p in (
+    Plan("headline", "the headline workload greedy and t=0.6, latency, GPU idle over a run", (
+        Step("headline_t0", (*BENCH, "--temperature", "0", "--repeat", "3", "--no-progress",
+                             "--json", "{logs}/headline_t0.json"), 200),
+        Step("headline_t0.6", (*BENCH, "--repeat", "3", "--no-progress", "--json", "{logs}/headline_t0.6.json"), 200),
+        Step("latency", (*BENCH, "--mode", "latency", "--no-progress", "--json", "{logs}/latency.json"), 200),
+        Step("idle_timeline", ("{python}", "-m", "perf.idle_timeline"), 150))),
+    Plan("peers", "transformers continuous batching on the headline workload", (
+        Step("peer_hf-cb", ("{python}", "-m", "perf.peers", "--peer", "hf-cb", "--json", "{logs}/peer_hf-cb.json"),
+             400),
+        Step("peer_hf-cb_graphs", ("{python}", "-m", "perf.peers", "--peer", "hf-cb", "--cuda-graph",
+                                   "--json", "{logs}/peer_hf-cb_graphs.json"), 400))),
+    Plan("profile", "where a prefill, a mixed and a steady decode step spend their time", (
+        Step("profile_step", ("{python}", "-m", "perf.profile_step", "--arch", "qwen3-0.6b", "--temperature", "0",
+                              "--json", "{logs}/profile_step.json"), 250),)),
+    Plan("conformance", "pytest conformance -m gpu: every golden, sampling, each kernel", _gpu_conformance()),
+    Plan("kernels", "kernel benchmarks gated on this GPU's baseline (device time and wall time, 10%)",
+         (_kernel_gate(compare=True),)),
+    Plan("baseline", "record this GPU's first kernel baseline (no comparison)", (_kernel_gate(compare=False),)),
+    Plan("mutants", "the GPU column of the mutation table", (
+        Step("mutants_gpu", ("{python}", "-m", "tools.mutants", "--gpu", "--jobs", "16", "--timeout", "420",
+                             "--budget", "480", "--out", "{logs}/mutants_gpu"), 540),)),
+    Plan("tp", "TP=1 vs TP=2 (Qwen3-8B, 128 requests), TP=2 conformance, the perf TP cases", _tp()),
+)}
 
 
-def time_fn(fn: Callable[[], object], reps: int, device: str, warmup: int = 2) -> list[float]:
-    """Seconds of each of `reps` calls of `fn`: CUDA events on the GPU, perf_counter on the CPU."""
-    enqueue_s = 0.0
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        enqueue_s = time.perf_counter() - t0  # the last warm call: compiled, so ~ the host's launch time
-    sync(device)
-    times = []
-    if torch.device(device).type == "cuda":
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            spin_gpu(2 * enqueue_s + 50e-6)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return times
+def command(step: Step, logs: Path) -> list[str]:
+    return [a.format(python=sys.executable, logs=logs) for a in step.argv]
 
 
-def _copy_seconds(device: str, nbytes: int, reps: int) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    return statistics.median(time_fn(lambda: dst.copy_(src), reps, device))
+def _result_line(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if RESULT_LINE.search(line)]
+    return (lines[-1] if lines else (log.strip().splitlines() or [""])[-1])[:110]
 
 
-def measure_copy_gbps(device: str, nbytes: int | None = None, reps: int = 10) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read + bytes written."""
-    cuda = torch.device(device).type == "cuda"
-    nbytes = nbytes or (4 * 2**30 if cuda else 64 * 2**20)
-    t = _copy_seconds(device, nbytes, reps)
-    if cuda:
-        torch.cuda.empty_cache()  # the buffers are gone: give the memory back to the engine that comes next
-    return 2 * nbytes / t / 1e9
+class _Running:
+    """One step's process, its log file and its start time."""
+
+    def __init__(self, step: Step, logs: Path) -> None:
+        self.step, self.path, self.t0 = step, logs / f"{step.name}.log", time.perf_counter()
+        self.file = self.path.open("w")
+        self.proc = subprocess.Popen(command(step, logs), cwd=ROOT, stdout=self.file, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait(self) -> dict[str, object]:
+        try:
+            code = self.proc.wait(timeout=max(1.0, self.step.timeout_s - (time.perf_counter() - self.t0)))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = 124
+        self.file.close()
+        return {"step": self.step.name, "rc": code, "s": round(time.perf_counter() - self.t0),
+                "result": "timeout" if code == 124 else _result_line(self.path.read_text(errors="replace"))}
 
 
-def _matmul_seconds(device: str, n: int, dtype: torch.dtype, reps: int) -> float:
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    return statistics.median(time_fn(lambda: torch.mm(a, b, out=out), reps, device, warmup=3))
+def run_plan(plan: Plan, logs: Path) -> list[dict[str, object]]:
+    """Run the steps in order; `alongside` ones start in the background and are waited for at the plan's end."""
+    rows, background = [], []
+    for step in plan.steps:
+        running = _Running(step, logs)
+        if step.alongside:
+            background.append(running)
+        else:
+            rows.append(running.wait())
+            print(f"{plan.name}/{step.name}: rc={rows[-1]['rc']} {rows[-1]['s']} s  {rows[-1]['result']}", flush=True)
+    for running in background:
+        rows.append(running.wait())
+        print(f"{plan.name}/{running.step.name}: rc={rows[-1]['rc']} {rows[-1]['s']} s  {rows[-1]['result']}",
+              flush=True)
+    return rows
 
 
-def measure_matmul_tflops(device: str, n: int | None = None, reps: int = 10) -> float:
-    """Dense matmul rate in TFLOP/s: bf16 8192^3 on the GPU, fp32 1024^3 on the CPU."""
-    cuda = torch.device(device).type == "cuda"
-    n = n or (8192 if cuda else 1024)
-    t = _matmul_seconds(device, n, torch.bfloat16 if cuda else torch.float32, reps)
-    if cuda:
-        torch.cuda.empty_cache()
-    return 2 * n**3 / t / 1e12
+def _list(plans: list[Plan], logs: Path) -> None:
+    for plan in plans:
+        print(f"{plan.name}: {plan.what}")
+        for step in plan.steps:
+            where = "  (alongside)" if step.alongside else ""
+            print(f"  {step.name} [{step.timeout_s} s]{where}: {' '.join(command(step, logs)[1:])}")
 
 
-@functools.cache
-def measure_ceilings(device: str | None = None) -> Ceilings:
-    """Copy bandwidth and matmul rate of `device` (the current GPU, or the CPU), measured once."""
-    device = device or device_type()
-    return Ceilings(
-        copy_gbps=measure_copy_gbps(device), matmul_tflops=measure_matmul_tflops(device),
-        device=gpu_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
-    )
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m perf.device", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("plans", nargs="*", metavar="PLAN", help=f"one or more of {sorted(PLANS)}")
+    p.add_argument("--list", action="store_true", help="print the plans and their commands")
+    p.add_argument("--dry-run", action="store_true", help="print the chosen plans' commands, run nothing")
+    p.add_argument("--logs", default=None, help="folder for logs and JSON (default: $OUT, else the user cache)")
+    args = p.parse_args(argv)
+    unknown = [name for name in args.plans if name not in PLANS]
+    if unknown or not (args.plans or args.list):
+        p.error(f"unknown plan {unknown[0]!r}; known: {sorted(PLANS)}" if unknown else "name a plan (or --list)")
+    logs = Path(args.logs or os.environ.get("OUT") or Path(results_dir()) / time.strftime("device-%Y%m%d-%H%M%S"))
+    plans = [PLANS[name] for name in args.plans] or list(PLANS.values())
+    if args.list or args.dry_run:
+        _list(plans, logs)
+        return 0
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = [row for plan in plans for row in run_plan(plan, logs)]
+    print(text_table(rows, ["step", "rc", "s", "result"]))
+    print(f"logs: {logs}")
+    return 1 if any(row["rc"] != 0 for row in rows) else 0
 
 
-def percentile(values: list[float], q: float) -> float:
-    """q-th percentile (0..100) with linear interpolation; nan for an empty list."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+if __name__ == "__main__":
+    sys.exit(main())

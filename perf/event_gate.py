@@ -1,11 +1,12 @@
-"""Device-time regression gate of the perf suite: `--event-compare-fail=PCT` (issue 21).
+"""Device-time regression gate of the perf suite: `--event-compare-fail=PCT`.
 
 pytest-benchmark's `--benchmark-compare-fail` judges the wall time of a round (perf_counter around the launches
 and a synchronize): a slower host CPU on the device machine trips it, and a device regression smaller than the
-host noise hides in it. Its timer cannot be CUDA events (FACTS.md), so perf/kernel_bench.run_case records the
-CUDA-event time per call in `extra_info["us_per_call_event"]`. This gate compares that figure with the same key
-in the run(s) pytest-benchmark itself chose for `--benchmark-compare[=NUM]` (`BenchmarkSession.compared_mapping`,
-loaded in its pytest_configure), and fails the session when a benchmark is slower by more than PCT percent.
+host noise hides in it. Its timer cannot be CUDA events (it calls a clock function on the host), so
+perf/kernel_bench.run_case records the CUDA-event time per call in `extra_info["us_per_call_event"]`. This gate
+compares that figure with the same key in the run(s) pytest-benchmark itself chose for `--benchmark-compare[=NUM]`
+(`BenchmarkSession.compared_mapping`, loaded in its pytest_configure), and fails the session when a benchmark is
+slower by more than PCT percent.
 A benchmark judged here is exempt from `--benchmark-compare-fail`, which keeps gating the others (engine and
 host-overhead benchmarks have no device time). Wired from perf/conftest.py; perf/README.md says why.
 `python -m perf.event_gate BASELINE.json CURRENT.json --fail 10` compares two saved runs.
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from perf.tables import text_table
+from nanovllm_ref.testing.bench.tables import text_table
 
 EVENT_KEY = "us_per_call_event"
 Run = Mapping[str, Mapping[str, Any]]  # benchmark fullname -> its extra_info

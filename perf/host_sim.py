@@ -1,7 +1,8 @@
 """Host-side engine loop with a fake model: scheduler + block manager + prepare_step, random next tokens.
 
 This is the per-step CPU cost that sits between GPU forwards (nano-vllm's own scheduler + block manager:
-267 us per step on the headline workload, FACTS.md; its input preparation and sampling come on top).
+267 us per step on the headline workload, measured on a 2-core CPU VM; its input preparation and sampling come on
+top).
 `NANOVLLM_REF_PERF_SLOW_HOST=1` also prepares each steady decode step through the general per-sequence path (as
 if the DecodeBatch fast path were lost: ~1 ms on 256 sequences against a ~0.15 ms step on the 2-core machine), a
 deliberate slow-down that shows the CPU regression gate tripping (perf/gate_demo.sh --cpu). Three extra calls of
@@ -21,8 +22,7 @@ from nanovllm_ref.engine.block_manager import BlockManager
 from nanovllm_ref.engine.inputs import prepare_step
 from nanovllm_ref.engine.scheduler import Scheduler
 from nanovllm_ref.engine.sequence import Sequence
-
-from .workloads import Workload
+from nanovllm_ref.testing.bench.workloads import Workload
 
 BLOCK_SIZE = 16
 

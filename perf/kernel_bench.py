@@ -1,6 +1,6 @@
 """Kernel benchmark cases and the timing harness shared by perf/test_kernels.py.
 
-Timing (pytest-benchmark on a GPU, see FACTS.md):
+Timing (pytest-benchmark on a GPU):
 - one benchmark round calls the kernel once on each of `n` rotating input sets, then synchronizes, all
   inside the timed function; `benchmark.pedantic` with warm-up rounds (the first call compiles);
 - rotating sets defeat the L2 cache (60 MB on the H200): a set of >= 128 MiB is used alone, a smaller one
@@ -26,9 +26,8 @@ from nanovllm_ref.kernels.prefill_attention import prefill_attention_reference
 from nanovllm_ref.kernels.rmsnorm import rms_norm_reference
 from nanovllm_ref.kernels.store_kv import store_kv_reference
 from nanovllm_ref.layers.sampler import SamplingBatch, sample
-
-from .device import sync, time_fn
-from .roofline import Ceilings, causal_pairs
+from nanovllm_ref.testing.bench.device import sync, time_fn
+from nanovllm_ref.testing.bench.roofline import Ceilings, causal_pairs
 
 SINGLE_SET_BYTES = 128 * 2**20
 ROTATE_BYTES = 256 * 2**20

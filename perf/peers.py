@@ -7,7 +7,7 @@
 - `hf-cb`: transformers' continuous batching (`model.init_continuous_batching(...)`, a background thread;
   `manager.add_request(ids, max_new_tokens=n, eos_token_id=-1)` per request: per-request lengths, greedy,
   EOS disabled), default ContinuousBatchingConfig unless `--cuda-graph`. Same API in transformers 5.17-5.24.
-  On the H200 the full headline workload takes ~200 s (FACTS.md: 654 tok/s): `--peer-requests N` runs the
+  On the H200 the full headline workload takes ~200 s (654 tok/s measured): `--peer-requests N` runs the
   first N requests and the output says so.
 - `hf-static`: `model.generate` of 64 left-padded prompts (the workload's first 64) x 256 new tokens, greedy.
 - `vllm`, `sglang`: their offline engines with random weights (`load_format="dummy"`), token-id prompts,
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from . import workloads
-from .device import device_type, machine_info, sync
-from .models import model_folder
-from .tables import save_result, text_table
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import device_type, machine_info, sync
+from nanovllm_ref.testing.bench.models import model_folder
+from nanovllm_ref.testing.bench.tables import save_result, text_table
 
 PEERS = ("hf-cb", "hf-static", "vllm", "sglang")
 

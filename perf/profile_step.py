@@ -32,11 +32,12 @@ from typing import Any
 
 import torch
 
-from . import workloads
-from .device import has_cuda, measure_ceilings, sync
-from .engine_runner import build_llm, params_for, reset_prefix_cache, run_throughput, warmup
-from .models import ModelShape, model_folder, read_config
-from .roofline import causal_pairs, roofline
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import has_cuda, measure_ceilings, sync
+from nanovllm_ref.testing.bench.models import ModelShape, model_folder, read_config
+from nanovllm_ref.testing.bench.roofline import causal_pairs, roofline
+from nanovllm_ref.testing.bench.runner import build_llm, params_for, reset_prefix_cache, run_throughput, warmup
+
 from .step_trace import STEP_PREFIX, breakdown, decode_bounds, kernels_by_step, prefill_bounds, top_gaps, top_kernels
 
 PHASE_LABELS = {"launch": "launch (all of the next step's launches)",

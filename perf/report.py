@@ -1,10 +1,14 @@
 """Turn saved runs into a markdown report and PNG plots: `python -m perf.report [--out perf/plots]`.
 
 Inputs: pytest-benchmark runs saved under perf/baselines/** (kernel, engine and host-overhead benchmarks with
-their `extra_info`), and perf/results/*.json written by `perf.bench_engine` and `perf.peers`.
+their `extra_info`; the newest run of each folder), and the JSON under perf/results/** written by `nanovllm-ref
+bench` and `perf.peers` and copied there on purpose (the latest run per GPU; `--results DIR` reads another
+folder, e.g. the user cache where bench writes by default). Runs on the CPU are left out unless `--include-cpu`:
+the tracked report is the GPU's, and a casual CPU run must not add a row to it.
 Outputs (in --out, default perf/plots/): report.md (also printed) and, when matplotlib is installed,
-throughput.png (nanovllm_ref vs peers vs the roofline), kernels.png (each kernel's fraction of the measured
-ceiling), tp_scaling.png (output tok/s against the tensor-parallel size).
+throughput.png (nanovllm_ref vs its peers on one workload and GPU, with that workload's roofline as one line and
+each bar's value printed), kernels.png (each kernel's fraction of the measured ceiling), and tp_scaling.png only
+when the results hold one engine at two or more tensor-parallel sizes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import os
 import sys
 from typing import Any
 
-from .tables import BASELINES_DIR, PLOTS_DIR, RESULTS_DIR, markdown_table
+from nanovllm_ref.testing.bench.tables import markdown_table
+
+from .tables import BASELINES_DIR, PLOTS_DIR, RESULTS_DIR
 
 
 def _load(path: str) -> dict[str, Any] | None:
@@ -27,12 +33,12 @@ def _load(path: str) -> dict[str, Any] | None:
         return None
 
 
-def load_results(results_dir: str) -> list[dict[str, Any]]:
+def load_results(results_dir: str, include_cpu: bool = False) -> list[dict[str, Any]]:
     records = []
-    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(results_dir, "**", "*.json"), recursive=True)):
         r = _load(path)
-        if r and r.get("kind") in ("engine", "peer"):
-            r["_path"] = os.path.basename(path)
+        if r and r.get("kind") in ("engine", "peer") and (include_cpu or r.get("device") != "cpu"):
+            r["_path"] = os.path.relpath(path, results_dir)
             records.append(r)
     return records
 
@@ -61,8 +67,10 @@ def _throughput_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         if r["kind"] == "engine" and r.get("throughput"):
             t = r["throughput"]
+            temperature = t["workload"].get("temperature")
             label = "nanovllm_ref" + (" eager" if r.get("enforce_eager") else "")
             label += " sync" if r.get("async_scheduling") is False else ""
+            label += "" if temperature is None else (" greedy" if temperature == 0 else f" t={temperature:g}")
             row = {"engine": label, "arch": r.get("arch"),
                    "tp": r.get("tp"), "workload": t["workload"]["workload"], "requests": t["workload"]["requests"],
                    "output_tok_s": t["output_tok_s"], "total_tok_s": t["total_tok_s"], "wall_s": t["wall_s"],
@@ -104,12 +112,12 @@ HOST_COLS = ["source", "name", "median_s", "mean_us_per_step", "p50_us_per_step"
 def build_markdown(records: list[dict[str, Any]], benches: list[dict[str, Any]]) -> str:
     parts = ["# nanovllm_ref performance report", ""]
     thr = _throughput_rows(records)
-    parts += ["## Throughput (perf/results: bench_engine and peers)", "",
+    parts += ["## Throughput (perf/results: nanovllm-ref bench and perf.peers)", "",
               markdown_table(thr, ["gpu", "engine", "arch", "tp", "workload", "requests", "output_tok_s",
                                    "total_tok_s", "wall_s", "steps", "roofline_tok_s", "roofline_fraction"]), ""]
     lat = _latency_rows(records)
     if lat:
-        parts += ["## Latency (bench_engine --mode latency)", "", markdown_table(lat), ""]
+        parts += ["## Latency (nanovllm-ref bench --mode latency)", "", markdown_table(lat), ""]
     groups = {
         "Kernels (fraction of the measured copy / matmul ceiling)": (
             [b for b in benches if "case" in b], KERNEL_COLS),
@@ -121,7 +129,7 @@ def build_markdown(records: list[dict[str, Any]], benches: list[dict[str, Any]])
         if rows:
             parts += [f"## {title}", "", markdown_table(rows, cols), ""]
     if not thr and not benches:
-        parts += ["_No saved runs found: run `python3 -m perf.bench_engine` or `pytest perf --benchmark-autosave`._"]
+        parts += ["_No saved runs found: run `nanovllm-ref bench` or `pytest perf --benchmark-autosave`._"]
     return "\n".join(parts)
 
 
@@ -130,51 +138,85 @@ def make_plots(records: list[dict[str, Any]], benches: list[dict[str, Any]], out
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: skipping plots (pip install matplotlib)")
         return []
     written = []
-    thr = [r for r in _throughput_rows(records) if r["tp"] in (1, None)]
-    if thr:
-        fig, ax = plt.subplots(figsize=(8, 0.5 * len(thr) + 1.5))
-        labels = [f"{r['engine']} ({r['arch']}, {r['workload']})" for r in thr]
-        ax.barh(labels, [r["output_tok_s"] for r in thr], color="tab:blue")
-        roofs = {r["roofline_tok_s"] for r in thr if r.get("roofline_tok_s")}
-        for roof in roofs:
-            ax.axvline(roof, color="tab:red", linestyle="--", label=f"roofline {roof:,.0f} tok/s")
-        ax.set_xlabel("output tok/s")
-        ax.set_title("Throughput vs peers and the roofline")
-        if roofs:
-            ax.legend(loc="lower right")
-        written.append(_save(fig, out, "throughput.png"))
+    chart = _throughput_chart(_throughput_rows(records))
+    if chart:
+        written.append(_save(chart, out, "throughput.png"))
+    for name, chart in (("kernels.png", _kernels_chart(benches)), ("tp_scaling.png", _tp_chart(records, benches))):
+        if chart:
+            written.append(_save(chart, out, name))
+    return written
+
+
+def _kernels_chart(benches: list[dict[str, Any]]) -> Any:
+    import matplotlib.pyplot as plt
+
     kern = [b for b in benches if "fraction_of_ceiling" in b]
-    if kern:
-        fig, ax = plt.subplots(figsize=(8, 0.35 * len(kern) + 1.5))
-        ax.barh([f"{b['case']} [{b['gpu']}]" for b in kern],
-                [b["fraction_of_ceiling"] for b in kern], color="tab:green")
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("fraction of measured ceiling (copy or matmul)")
-        ax.set_title("Kernels")
-        written.append(_save(fig, out, "kernels.png"))
-    tp = {}
+    if not kern:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(kern) + 1.5))
+    ax.barh([f"{b['case']} [{b['gpu']}]" for b in kern], [b["fraction_of_ceiling"] for b in kern], color="tab:green")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("fraction of measured ceiling (copy or matmul)")
+    ax.set_title("Kernels")
+    return fig
+
+
+def _tp_chart(records: list[dict[str, Any]], benches: list[dict[str, Any]]) -> Any:
+    """Output tok/s against the tensor-parallel size, for each engine measured at two sizes or more (else None)."""
+    import matplotlib.pyplot as plt
+
+    tp: dict[tuple, dict[int, float]] = {}
     for r in _throughput_rows(records):
         tp.setdefault((r["engine"], r["arch"], r["workload"]), {})[r["tp"] or 1] = r["output_tok_s"]
     for b in benches:
         if b.get("group") == "engine_tp" and "output_tok_s" in b:
             tp.setdefault(("pytest", b["source"], b.get("workload")), {})[b.get("tp", 1)] = b["output_tok_s"]
     tp = {k: v for k, v in tp.items() if len(v) > 1}
-    if tp:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for (engine, arch, workload), pts in tp.items():
-            xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o", label=f"{engine} {arch} {workload}")
-        ax.set_xlabel("tensor_parallel_size")
-        ax.set_ylabel("output tok/s")
-        ax.set_title("TP scaling")
-        ax.legend(fontsize=7)
-        written.append(_save(fig, out, "tp_scaling.png"))
-    return written
+    if not tp:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (engine, arch, workload), pts in tp.items():
+        xs = sorted(pts)
+        ax.plot(xs, [pts[x] for x in xs], marker="o", label=f"{engine} {arch} {workload}")
+    ax.set_xlabel("tensor_parallel_size")
+    ax.set_ylabel("output tok/s")
+    ax.set_title("TP scaling")
+    ax.legend(fontsize=7)
+    return fig
+
+
+PEER_LABELS = {"hf-cb": "transformers continuous batching", "hf-static": "transformers generate",
+               "vllm": "vLLM", "sglang": "SGLang"}
+
+
+def _throughput_chart(rows: list[dict[str, Any]]) -> Any:
+    """Bars of one GPU and workload (the newest nanovllm_ref run's), peers included, each value printed at its
+    bar's end, and that run's roofline as the one vertical line; the legend sits below the axes, over no bar."""
+    import matplotlib.pyplot as plt
+
+    engines = [r for r in rows if r.get("roofline_tok_s") and r["tp"] in (1, None)]
+    if not engines:
+        return None
+    newest = max(engines, key=lambda r: r["when"] or "")
+    same = [r for r in rows if (r["gpu"], r["workload"], r["arch"]) == (newest["gpu"], newest["workload"],
+                                                                       newest["arch"]) and r["tp"] in (1, None)]
+    same.sort(key=lambda r: r["output_tok_s"])
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(same) + 2.2))
+    colors = ["tab:blue" if r["engine"].startswith("nanovllm_ref") else "tab:gray" for r in same]
+    bars = ax.barh([PEER_LABELS.get(r["engine"], r["engine"]) for r in same], [r["output_tok_s"] for r in same],
+                   color=colors)
+    ax.bar_label(bars, labels=[f"{r['output_tok_s']:,.0f}" for r in same], padding=3)
+    roof = newest["roofline_tok_s"]
+    ax.axvline(roof, color="tab:red", linestyle="--", label=f"roofline {roof:,.0f} tok/s (memory bound, this GPU)")
+    ax.set_xlim(0, roof * 1.12)
+    ax.set_xlabel("output tok/s")
+    ax.set_title(f"{newest['workload']} workload, {newest['arch']}, {newest['gpu']}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    return fig
 
 
 def _save(fig: Any, out: str, name: str) -> str:
@@ -195,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=PLOTS_DIR)
     p.add_argument("--markdown", default=None, help="where to write the markdown (default: OUT/report.md)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--include-cpu", action="store_true", help="also the runs made on a CPU")
     args = p.parse_args(argv)
-    records, benches = load_results(args.results), load_benchmarks(args.baselines)
+    records, benches = load_results(args.results, args.include_cpu), load_benchmarks(args.baselines)
     os.makedirs(args.out, exist_ok=True)
     md = build_markdown(records, benches)
     with open(args.markdown or os.path.join(args.out, "report.md"), "w") as f:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from .models import ModelShape
+from nanovllm_ref.testing.bench.models import ModelShape
 
 # (class, substrings of the kernel name), first match wins; GEMMs are cuBLAS / CUTLASS names
 KERNEL_CLASSES = [

@@ -14,10 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from perf import workloads
-from perf.engine_runner import EnginePool, ThroughputResult, reset_prefix_cache, run_latency, run_throughput
-from perf.models import ModelShape
-from perf.roofline import H200, roofline
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.models import ModelShape
+from nanovllm_ref.testing.bench.roofline import H200, roofline
+from nanovllm_ref.testing.bench.runner import (
+    EnginePool,
+    ThroughputResult,
+    reset_prefix_cache,
+    run_latency,
+    run_throughput,
+)
 
 ENGINE_ROUNDS = 3
 LATENCY = {1: 10, 64: 3}  # batch -> reps per round

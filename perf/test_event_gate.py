@@ -128,7 +128,7 @@ def test_event_gate_end_to_end_on_the_cpu_smoke_benchmarks(tmp_path, capsys, mon
     """Save a real run, then compare: with itself (passes); with a copy whose device times are 10,000x smaller
     (the device-time gate fails the session, pytest-benchmark's wall gate passes); with a copy whose wall times
     are 10,000x smaller too (the wall gate fails the host benchmark only, the device-time report still prints);
-    with no saved run (a usage error before anything runs)."""
+    with no saved run (a usage error before anything runs, perf/baseline_check.py)."""
     pytest.importorskip("pytest_benchmark")
     # under pytest-xdist (`pytest -n 2`) this worker's environment says so, and pytest-benchmark would disable the
     # nested session's benchmarks (nothing saved or compared): the nested session is not an xdist worker
@@ -167,6 +167,6 @@ def test_event_gate_end_to_end_on_the_cpu_smoke_benchmarks(tmp_path, capsys, mon
     assert "wall-time regression not gated (its device time is): perf/test_kernels.py::test_decode_attention" in out
 
     code, out = _perf_run(capsys, store, *both, "--benchmark-compare=0009", "--event-compare-fail=10")
-    assert code == pytest.ExitCode.USAGE_ERROR and "no saved run matching '0009'" in out
+    assert code == pytest.ExitCode.USAGE_ERROR and "no saved benchmark run matching '0009'" in out
     code, out = _perf_run(capsys, store, *both, "--event-compare-fail=10")
     assert code == pytest.ExitCode.USAGE_ERROR and "needs --benchmark-compare" in out

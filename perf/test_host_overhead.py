@@ -4,7 +4,7 @@
   step per round. The benchmark's own time is the whole step, the fake model's output dict included; `extra_info`
   has mean / p50 / p99 us per step of scheduler + block manager + input preparation alone (the issue-7 metric:
   target 250 us) and its split between schedule, prepare_step and update. Anchor: nano-vllm's scheduler + block
-  manager, 267 us per step (FACTS.md).
+  manager, 267 us per step (measured on the 2-core CPU VM, perf/RESULTS.md).
 - `test_headline_schedule`: the whole headline workload through the host loop (every prefill chunk and
   decode step), as the anchor measured: seconds per run and us per step.
 - `test_prefill_step_inputs`: the headline's first two steps (16,384 tokens each: 32 prompts, then prompt chunks
@@ -26,8 +26,8 @@ import torch
 
 from nanovllm_ref.engine.inputs import prepare_step
 from nanovllm_ref.engine.model_runner import stage_step
-from perf import workloads
-from perf.device import percentile
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import percentile
 from perf.host_sim import BLOCK_SIZE, HostSim
 
 NANO_VLLM_US_PER_STEP = 267.0

@@ -14,9 +14,9 @@ import gc
 import pytest
 import torch
 
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.models import ModelShape
 from perf import kernel_bench as kb
-from perf import workloads
-from perf.models import ModelShape
 
 GPU_ROUNDS, GPU_WARMUP, GPU_EVENT_REPS = 30, 5, 20
 CPU_ROUNDS, CPU_WARMUP, CPU_EVENT_REPS = 3, 1, 3

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from nanovllm_ref.kernels.fused_moe import fused_moe, fused_moe_ref
+from nanovllm_ref.testing.bench.device import has_cuda, time_fn
 from perf import kernel_bench as kb
-from perf.device import has_cuda, time_fn
 
 QWEN3_30B_A3B = dict(experts=128, top_k=8, hidden=2048, inter=768)
 TOY = dict(experts=8, top_k=2, hidden=64, inter=48)

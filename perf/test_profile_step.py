@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import has_cuda
 from perf import profile_step as ps
 from perf import step_trace as st
-from perf import workloads
-from perf.device import has_cuda
 
 
 def test_classify_by_name_and_range():
@@ -71,7 +71,7 @@ def test_kernels_by_step_and_breakdown_add_up():
 
 
 def test_bounds_are_bytes_over_bandwidth():
-    from perf.models import ModelShape
+    from nanovllm_ref.testing.bench.models import ModelShape
 
     shape = ModelShape.from_arch("qwen3-0.6b")
     b = st.decode_bounds(shape, batch=256, context=256_000, copy_gbps=4000.0)

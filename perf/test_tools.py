@@ -9,10 +9,12 @@ import sys
 
 import pytest
 
-from perf import bench_engine, peers, report, workloads
-from perf.device import gpu_slug, percentile, slug
-from perf.models import ARCHS, ModelShape, arch_config, model_folder, read_config
-from perf.roofline import H200, H200_HEADLINE_ROOFLINE_S, decode_step_seconds, roofline
+from nanovllm_ref.testing.bench import cli as bench_engine
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import gpu_slug, percentile, slug
+from nanovllm_ref.testing.bench.models import ARCHS, ModelShape, arch_config, model_folder, read_config
+from nanovllm_ref.testing.bench.roofline import H200, H200_HEADLINE_ROOFLINE_S, decode_step_seconds, roofline
+from perf import peers, report
 from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
 
 
@@ -44,7 +46,7 @@ def test_other_workloads():
 
 
 def test_model_shapes():
-    assert ModelShape.from_arch("qwen3-0.6b").num_params == 596_049_920  # FACTS.md
+    assert ModelShape.from_arch("qwen3-0.6b").num_params == 596_049_920  # Qwen3-0.6B's published parameter count
     assert ModelShape.from_arch("qwen3-0.6b").kv_bytes_per_token() == 114_688
     assert 8.1e9 < ModelShape.from_arch("qwen3-8b").num_params < 8.3e9
     assert 32.5e9 < ModelShape.from_arch("qwen3-32b").num_params < 33e9
@@ -92,7 +94,7 @@ def test_bench_engine_cli_smoke(tmp_path, capsys):
 
 
 def test_penalized_fraction_spreads_penalties_evenly(tmp_path):
-    from perf.engine_runner import params_for
+    from nanovllm_ref.testing.bench.runner import params_for
 
     params = params_for(workloads.headline().with_penalties(0.1))
     marked = [i for i, p in enumerate(params) if p.uses_penalties]
@@ -113,26 +115,45 @@ def test_hf_static_peer_smoke():
 
 
 def test_report(tmp_path):
+    """GPU runs from nested result folders become rows (greedy and sampled apart); a CPU run adds none unless
+    asked for, so a casual CPU bench cannot reach the tracked report."""
     results, baselines, out = tmp_path / "results", tmp_path / "baselines" / "cpu" / "Linux", tmp_path / "plots"
-    results.mkdir()
+    (results / "gpu-x").mkdir(parents=True)
     baselines.mkdir(parents=True)
-    engine = {"kind": "engine", "arch": "tiny", "tp": 1, "machine": {"gpu_name": "cpu"}, "timestamp": "t",
-              "throughput": {"workload": {"workload": "smoke-8", "requests": 8}, "output_tok_s": 10.0,
-                             "total_tok_s": 20.0, "wall_s": 1.0, "steps": 5, "roofline_fraction": 0.5,
-                             "roofline": {"output_tok_s": 20.0}}}
+    gpu = {"gpu_name": "GPU X"}
+    engine = {"kind": "engine", "arch": "tiny", "tp": 1, "device": "cuda", "machine": gpu, "timestamp": "t",
+              "throughput": {"workload": {"workload": "smoke-8", "requests": 8, "temperature": 0.0},
+                             "output_tok_s": 10.0, "total_tok_s": 20.0, "wall_s": 1.0, "steps": 5,
+                             "roofline_fraction": 0.5, "roofline": {"output_tok_s": 20.0}}}
+    sampled = json.loads(json.dumps(engine))
+    sampled["throughput"]["workload"]["temperature"] = 0.6
     peer = {"kind": "peer", "engine": "hf-cb", "status": "ok", "arch": "tiny", "tp": 1, "output_tok_s": 5.0,
-            "wall_s": 2.0, "workload": {"workload": "smoke-8[:4]", "requests": 4}, "machine": {"gpu_name": "cpu"}}
-    (results / "a.json").write_text(json.dumps(engine))
-    (results / "b.json").write_text(json.dumps(peer))
+            "device": "cuda", "wall_s": 2.0, "workload": {"workload": "smoke-8[:4]", "requests": 4}, "machine": gpu}
+    cpu = {**engine, "device": "cpu", "machine": {"gpu_name": "cpu"}}
+    for name, record in (("gpu-x/a", engine), ("gpu-x/b", sampled), ("gpu-x/c", peer), ("casual_cpu", cpu)):
+        (results / f"{name}.json").write_text(json.dumps(record))
     run = {"datetime": "2026", "machine_info": {"gpu_name": "cpu"}, "benchmarks": [
         {"name": "test_x", "group": "decode_attention", "stats": {"median": 1e-3},
          "extra_info": {"case": "decode-b1-ctx1", "gbps": 1.0, "fraction_of_ceiling": 0.5}}]}
     (baselines / "0001_x.json").write_text(json.dumps(run))
-    assert report.main(["--results", str(results), "--baselines", str(tmp_path / "baselines"), "--out", str(out),
-                        "--no-plots"]) == 0
+    args = ["--results", str(results), "--baselines", str(tmp_path / "baselines"), "--out", str(out), "--no-plots"]
+    assert report.main(args) == 0
     md = (out / "report.md").read_text()
-    assert "nanovllm_ref" in md and "hf-cb" in md and "decode-b1-ctx1" in md
-    assert os.path.exists(out / "report.md")
+    assert "nanovllm_ref greedy" in md and "nanovllm_ref t=0.6" in md and "hf-cb" in md and "decode-b1-ctx1" in md
+    assert "| cpu |" not in md
+    assert report.main([*args, "--include-cpu"]) == 0
+    assert "| cpu | nanovllm_ref greedy |" in (out / "report.md").read_text()
+
+
+def test_throughput_chart_has_one_roofline_and_every_bar_labelled(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = report.load_results(os.path.join(PERF_DIR, "results"))
+    fig = report._throughput_chart(report._throughput_rows(records))
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches if p.get_width() > 0]
+    assert len(ax.get_lines()) == 1 and len(bars) >= 3  # one roofline; nanovllm_ref greedy, t=0.6 and a peer
+    assert len(ax.texts) == len(bars) and ax.get_xlim()[1] > ax.get_lines()[0].get_xdata()[0]
+    assert any("transformers" in t.get_text() for t in ax.get_yticklabels())
 
 
 def test_hf_cb_peer_runs_on_cpu():
@@ -189,7 +210,7 @@ def test_event_timing_excludes_launch_latency():
 
     import torch
 
-    from perf.device import time_fn
+    from nanovllm_ref.testing.bench.device import time_fn
 
     x = torch.zeros(1, device="cuda")
 

@@ -64,3 +64,29 @@ def test_a_crashing_run_counts_as_caught(monkeypatch) -> None:
     monkeypatch.setattr(mutants, "run_pytest", lambda root, args, timeout: (3, "internal error"))
     with pytest.raises(RuntimeError, match="exited 3"):
         mutants.outcome(Path("."), "m", ("x",), 1.0)
+
+
+def _tools_imports(path: Path) -> set[str]:
+    """The tools/ modules that `path` imports, at module level or inside functions (`from . import x` included)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("tools")):
+            module = (node.module or "").removeprefix("tools").lstrip(".")
+            names |= {module} if module else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name.removeprefix("tools.") for a in node.names if a.name.startswith("tools.")}
+    return names
+
+
+def test_tools_modules_import_no_circle() -> None:
+    """No module under tools/ reaches itself through its imports (the two columns share tools/mutation.py)."""
+    modules = {p.stem: p for p in (ROOT / "tools").glob("*.py")}
+    graph = {name: _tools_imports(path) & modules.keys() for name, path in modules.items()}
+    assert graph["mutants_gpu"] == {"mutation"} and "mutants" not in graph["mutation"]
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(n == target or (n not in seen and reaches(n, target, seen | {n})) for n in graph[start])
+
+    assert [name for name in graph if reaches(name, name, set())] == []

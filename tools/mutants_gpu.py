@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mutants import IGNORE, OPTIONS, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
+from .mutation import IGNORE, OPTIONS, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
 
 KERNEL_MODULE = "conformance/test_kernels.py"
 # a fixed KV cache: sized from free memory (90% of the GPU by default), two engines started at once would

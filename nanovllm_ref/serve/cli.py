@@ -3,7 +3,7 @@
     nanovllm-ref serve MODEL [--port 8000] [--served-model-name NAME] [--chat-template FILE]
     nanovllm-ref generate MODEL "def main(" "import os" [--max-tokens 32 --temperature 0]
     nanovllm-ref chat MODEL [--chat-template FILE]        # interactive, streaming; an empty line or EOF ends
-    nanovllm-ref bench [perf.bench_engine flags]          # the perf entry point (from a source checkout)
+    nanovllm-ref bench [--arch A --workload W ...]        # engine throughput / latency vs the roofline
     nanovllm-ref conformance --engine SPEC --model NAME [pytest flags]
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
@@ -121,16 +120,10 @@ def _read(prompt: str) -> str:
         return ""
 
 
-def _repo_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    root = _repo_root()
-    if not os.path.isfile(os.path.join(root, "perf", "bench_engine.py")):
-        print("bench runs perf/bench_engine.py from a source checkout of nanovllm_ref; none found", file=sys.stderr)
-        return 2
-    return subprocess.call([sys.executable, "-m", "perf.bench_engine", *rest], cwd=root)
+    from nanovllm_ref.testing.bench.cli import main as bench
+
+    return bench(rest)
 
 
 def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
@@ -154,7 +147,8 @@ def parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the template text)")
     _add_sampling_args(p)
-    sub.add_parser("bench", help="the engine benchmark (perf/bench_engine.py); flags pass through", add_help=False)
+    sub.add_parser("bench", help="the engine benchmark (nanovllm_ref/testing/bench); flags pass through",
+                   add_help=False)
     p = sub.add_parser("conformance", help="the conformance suite against an engine; other flags go to pytest")
     p.add_argument("--engine", default="nanovllm_ref", help="nanovllm_ref | openai:URL | vllm | module:factory")
     p.add_argument("--model", default=None, help="a golden checkpoint name (default: all)")
@@ -163,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # everything after `bench` is perf.bench_engine's (its --help included)
+    if argv[:1] == ["bench"]:  # everything after `bench` is the benchmark's (its --help included)
         return _bench(argparse.Namespace(), argv[1:])
     args, rest = parser().parse_known_args(argv)
     if args.command == "conformance":

@@ -1,0 +1,82 @@
+"""Where in the headline run the GPU idles: `python -m perf.idle_timeline [--sync-scheduling]` (needs CUDA).
+
+One greedy headline run (after an unprofiled one) under the torch profiler, CUDA activity only: every kernel and
+copy, also inside CUDA-graph replays. The run is cut into 20 equal windows of device time; for each, the share of
+time some kernel or copy ran (the union of their intervals) and the running sequences then (from the host's step
+log, mapped onto the device timeline by the first and last kernel). Also the busy share of the whole run and its
+idle time: what host work not hidden behind the device costs the workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.runner import build_llm, run_throughput, warmup
+
+WINDOWS = 20
+
+
+def busy_intervals(trace_path: str) -> list[tuple[float, float]]:
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def main() -> None:
+    sync_sched = "--sync-scheduling" in sys.argv
+    llm = build_llm("qwen3-0.6b", async_scheduling=not sync_sched)
+    warmup(llm)
+    work = dataclasses.replace(workloads.headline(), temperature=0.0)
+    run_throughput(llm, work)  # warm: the profiled run is the second
+    log: list[tuple[float, int]] = []
+    engine = llm.engine
+    step = engine.step
+
+    def logged_step():
+        out = step()
+        log.append((time.perf_counter(), len(engine.scheduler.running)))
+        return out
+
+    engine.step = logged_step
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        res = run_throughput(llm, work)
+    engine.step = step
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    spans = busy_intervals(path)
+    t0, t1 = spans[0][0], spans[-1][1]
+    busy = sum(b - a for a, b in spans)
+    print(f"profiled run: {res.wall_s:.3f} s wall, {res.output_tokens / res.wall_s:,.0f} tok/s, {res.steps} steps; "
+          f"device span {(t1 - t0) / 1e6:.3f} s, busy {busy / 1e6:.3f} s ({busy / (t1 - t0):.1%}), "
+          f"idle {(t1 - t0 - busy) / 1e3:.1f} ms")
+    h0, h1 = log[0][0], log[-1][0]
+    print("| window | device ms | busy | idle ms | running seqs (host log) | steps |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    width = (t1 - t0) / WINDOWS
+    for w in range(WINDOWS):
+        a, b = t0 + w * width, t0 + (w + 1) * width
+        on = sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans if e > a and s < b)
+        ha, hb = h0 + (h1 - h0) * w / WINDOWS, h0 + (h1 - h0) * (w + 1) / WINDOWS
+        running = [n for t, n in log if ha <= t < hb]
+        rng = f"{max(running)}-{min(running)}" if running else "-"
+        print(f"| {w} | {width / 1e3:.0f} | {on / width:.1%} | {(width - on) / 1e3:.1f} | {rng} | {len(running)} |")
+
+
+if __name__ == "__main__":
+    main()

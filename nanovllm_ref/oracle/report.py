@@ -123,16 +123,18 @@ SET_COLUMNS = ("case", "mode", "prompts", "match", "diverged_ok", "fail", "max_d
 PROMPT_COLUMNS = ("case", "prompt", "status", "matched", "first_div", "max_dlogprob", "where")
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+CELL = 32  # the widest a column other than the last may be (a long prompt name is cut, not the table widened)
+
+
+def _cell(value: Any, limit: int = CELL) -> str:
+    text = "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...], indent: str = "  ",
                  width: int = WIDTH) -> list[str]:
     """Rows as aligned text lines within ``width`` columns: the last column is cut (ending in "...") to fit."""
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    cells = [[_cell(r.get(c), CELL if i < len(columns) - 1 else width) for i, c in enumerate(columns)] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = []
     for row in [list(columns)] + cells:

@@ -113,7 +113,24 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
 
 
+def skipped_kernel_candidates(terminalreporter: Any) -> dict[str, int]:
+    """``reason -> skipped cases`` of the kernel candidates that could not run here (conformance/test_kernels.py
+    skips them with "kernel candidate NAME [LABEL]: why")."""
+    counts: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else ""
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith("kernel candidate "):
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skipped = skipped_kernel_candidates(terminalreporter)
+    if skipped:
+        terminalreporter.section("kernel candidates skipped")
+        for reason, n in skipped.items():
+            terminalreporter.write_line(f"{reason} ({n} cases)")
     reports = config.stash.get(REPORTS, [])
     if not reports:
         return

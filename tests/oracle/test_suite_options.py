@@ -50,6 +50,7 @@ def test_defaults_and_good_values_pass() -> None:
     (dict(engine="tests.perturbing_adapter:no_such_factory"), "has no 'no_such_factory'"),
     (dict(model=["qwen3-tiny,qwen3-tinny"]), "--model 'qwen3-tinny': neither a golden checkpoint (llama3-bias-hd32"),
     (dict(tp=0), "--tp 0: must be an integer >= 1"),
+    (dict(engine="sglang"), "--engine sglang: the sglang package is not installed here (pip install sglang)"),
     (dict(kernels="mykernels"), "--kernels 'mykernels': expected pkg.module:function"),
     (dict(engine_arg=["max_model_len"]), "--engine-arg 'max_model_len': expected KEY=VALUE"),
     (dict(engine_arg=["max_modle_len=512"]), "engine 'nanovllm_ref' takes no setting 'max_modle_len'; valid keys:"),

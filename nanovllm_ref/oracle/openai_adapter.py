@@ -8,7 +8,11 @@ server runs (served.py): ``/v1/models`` (``id``, vLLM's ``root`` = the checkpoin
 also ``dtype`` and ``config``) and, when vLLM runs with ``VLLM_SERVER_DEV_MODE=1``, ``/server_info`` (its
 ``model_config.dtype``; its ``logprobs_mode`` must be ``raw_logprobs``). ``num_cached_tokens`` is
 ``usage.prompt_tokens_details.cached_tokens`` when the server reports it (vLLM:
-``--enable-prompt-tokens-details``), else None. The real server::
+``--enable-prompt-tokens-details``), else None. Servers cap ``n`` per request (nanovllm_ref's and OpenAI's API at
+64 and 128): a request-level call asking for more is split into requests of at most ``max_n_per_request``
+samples (:data:`MAX_N_PER_REQUEST`, ``--engine-arg max_n_per_request=K``), the seed of each part moved on by the
+samples before it, so sample i still draws with seed + i (vLLM's convention, which the suite checks). The real
+server::
 
     VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CKPT --dtype float32 \\
         --host 127.0.0.1 --port 8000 --enable-prompt-tokens-details
@@ -32,6 +36,23 @@ from .compare import EngineOutput
 from .served import ServedFacts, ServerMismatch, TokenTexts, check_served, http_json, normalize_dtype, try_json
 
 MAX_IN_FLIGHT = 32
+MAX_N_PER_REQUEST = 64  # nanovllm_ref's server limit; OpenAI's API allows 128
+
+
+def split_n(params: dict[str, Any], cap: int) -> list[dict[str, Any]]:
+    """A request's settings as parts of at most ``cap`` samples each, in sample order: part j asks for the samples
+    from ``start`` on, with ``seed + start`` (mod 2^64, kept in the signed range a server takes) when seeded."""
+    n = int(params.get("n", 1))
+    if n <= cap:
+        return [params]
+    parts = []
+    for start in range(0, n, cap):
+        part = {**params, "n": min(cap, n - start)}
+        if params.get("seed") is not None:
+            seed = (int(params["seed"]) + start) % 2**64
+            part["seed"] = seed - 2**64 if seed >= 2**63 else seed  # int64, as servers parse it
+        parts.append(part)
+    return parts
 
 
 def _token_id(key: str) -> int:
@@ -80,8 +101,10 @@ class OpenAIAdapter:
     returns_prompt_logprobs = True
 
     def __init__(self, base_url: str, model_path: str = "", dtype: str = "", *, served_model: str = "",
-                 server_dtype: str = "", timeout_s: float = 600.0) -> None:
-        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+                 server_dtype: str = "", timeout_s: float = 600.0, max_n_per_request: int = MAX_N_PER_REQUEST) -> None:
+        if not isinstance(max_n_per_request, int) or max_n_per_request < 1:
+            raise ValueError(f"max_n_per_request must be an integer >= 1, got {max_n_per_request!r}")
+        self.base_url, self.timeout_s, self.max_n = base_url.rstrip("/"), timeout_s, max_n_per_request
         facts = self._facts()
         if model_path or dtype:  # load_adapter (--engine) always passes both; a bare client checks nothing
             check_served(facts, model_path, dtype, served_model=served_model, server_dtype=server_dtype)
@@ -134,11 +157,13 @@ class OpenAIAdapter:
             if params.get("logit_bias"):
                 params["logit_bias"] = {str(t): b for t, b in params["logit_bias"].items()}
             want_logprobs = params.get("logprobs") is not None
-            payload = {"model": self.model, "prompt": list(r.prompt), "return_tokens_as_token_ids": True,
-                       **params, "logprobs": params.get("logprobs") or 0}
-            body = self._post(payload)
+            payloads = [{"model": self.model, "prompt": list(r.prompt), "return_tokens_as_token_ids": True, **part,
+                         "logprobs": part.get("logprobs") or 0}
+                        for part in split_n(params, self.max_n)]  # a server caps n: more samples, more requests
+            bodies = in_flight(self._post, payloads)
+            choices = [c for body in bodies for c in sorted(body["choices"], key=lambda c: c.get("index", 0))]
             completions = []
-            for choice in sorted(body["choices"], key=lambda c: c.get("index", 0)):
+            for choice in choices:
                 lp = choice["logprobs"]
                 tokens = choice.get("token_ids") or [_token_id(t) for t in lp["tokens"]]
                 steps = [{_token_id(k): v for k, v in (step or {}).items()} for step in lp.get("top_logprobs") or []]

@@ -3,8 +3,9 @@
 It holds what must exist before pytest collects anything, whichever directory it starts from: the
 conformance options (``--engine``, ``--engine-arg``, ``--model``, ``--reference``, ``--dtype``, ``--tp``,
 ``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of
-recorded reports and the end-of-run summary with the JSON report.
-The suite's fixtures stay in ``conformance/conftest.py``.
+recorded reports and the end-of-run summary with the JSON report (report.py: no optional package needed).
+Bad option values and unsupported torch / transformers / triton versions are usage errors at start
+(suite_options.py). The suite's fixtures stay in ``conformance/conftest.py``.
 
 So in another project, after ``pip install nanovllm_ref``::
 
@@ -60,9 +61,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .suite_options import check_versions, validate_options
+
     config.stash[REPORTS] = []
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "slow: long-running")
+    if config.getoption("help", False) or config.getoption("version", 0):
+        return
+    check_versions()
+    validate_options(config)
 
 
 def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -106,13 +113,28 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
 
 
+def skipped_kernel_candidates(terminalreporter: Any) -> dict[str, int]:
+    """``reason -> skipped cases`` of the kernel candidates that could not run here (conformance/test_kernels.py
+    skips them with "kernel candidate NAME [LABEL]: why")."""
+    counts: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else ""
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith("kernel candidate "):
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skipped = skipped_kernel_candidates(terminalreporter)
+    if skipped:
+        terminalreporter.section("kernel candidates skipped")
+        for reason, n in skipped.items():
+            terminalreporter.write_line(f"{reason} ({n} cases)")
     reports = config.stash.get(REPORTS, [])
     if not reports:
         return
-    import pandas as pd
-
-    from .compare import ConformanceReport
+    from .report import ConformanceReport, summary_lines
 
     merged = ConformanceReport(meta={
         "engine": config.getoption("--engine"), "reference": config.getoption("--reference"),
@@ -120,24 +142,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     })
     for r in reports:
         merged.extend(r)
-    with pd.option_context("display.width", 250, "display.max_colwidth", 110, "display.max_rows", 500,
-                           "display.float_format", "{:.3g}".format):
-        terminalreporter.section("conformance summary")
-        terminalreporter.write_line(merged.summary_table("model").to_string(index=False))
-        table = merged.summary_table("prompt")
-        if config.getoption("verbose") <= 0:
-            table = table[table["status"] != "match"]
-            title = "prompts that did not match exactly (-v shows all)"
-        else:
-            title = "all prompts"
-        if len(table):
-            terminalreporter.write_line(f"\n{title}:")
-            terminalreporter.write_line(table.to_string(index=False))
-        for f in merged.set_failures:
-            terminalreporter.write_line(f"\nwhole set FAILED, {f['model']}/{f['dtype']}/{f['engine']}: {f['message']}")
+    terminalreporter.section("conformance summary")
+    for line in summary_lines(merged, all_prompts=config.getoption("verbose") > 0):
+        terminalreporter.write_line(line)
     path = Path(config.getoption("--report"))
     path.write_text(merged.to_json() + "\n")
+    failed_tests = len(terminalreporter.stats.get("failed", [])) + len(terminalreporter.stats.get("error", []))
     verdict = "all passed" if merged.passed else (f"{len(merged.failures())} prompts and "
                                                   f"{len(merged.set_failures)} whole sets FAILED")
-    terminalreporter.write_line(f"\nconformance report: {len(reports)} comparisons recorded, {verdict} "
-                                f"(tests that errored before comparing are not in it): {path}")
+    outside = f" ({failed_tests} tests failed or errored in all, see above)" if failed_tests else ""
+    terminalreporter.write_line(f"\nconformance report: {len(reports)} comparisons recorded, {verdict}{outside}: "
+                                f"{path}")

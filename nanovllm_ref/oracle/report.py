@@ -1,5 +1,8 @@
 """Verdicts of the conformance comparison: one :class:`PromptReport` per prompt, gathered in a
-:class:`ConformanceReport` with a pandas summary table and a JSON form (see :mod:`nanovllm_ref.oracle.compare`)."""
+:class:`ConformanceReport` with summary rows, a JSON form and the end-of-run text (see
+:mod:`nanovllm_ref.oracle.compare`). Plain Python only: the summary must print in any environment the suite is
+installed into. :func:`summary_lines` groups the rows by (model, dtype) under one heading each and keeps every
+line within :data:`WIDTH` columns."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+WIDTH = 120  # the summary's line width (a terminal, a CI log)
 MATCH, DIVERGED_OK, FAIL = "match", "diverged-ok", "fail"
 LOGPROBS, TOKENS_ONLY = "logprobs", "tokens-only"  # the policy's modes (compare.py)
 
@@ -87,34 +91,73 @@ class ConformanceReport:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
-    def summary_table(self, per: str = "prompt") -> Any:
-        """A pandas DataFrame: one row per prompt (``per="prompt"``) or per (model, dtype, engine, case)
-        (``per="model"``) with status, matched tokens, max |dlogprob| and where it was (per model also the mean
-        |dlogprob| over the set's shared generated-step logprobs, what ``mean_tol`` bounds)."""
-        import pandas as pd
-
-        rows = [{
-            "model": p.model, "dtype": p.dtype, "engine": p.engine, "case": p.case, "mode": p.mode,
-            "prompt": p.prompt_id,
-            "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
-            "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where,
-            "_sum": p.gen_diff_sum, "_count": p.gen_diff_count,
-        } for p in self.prompts]
-        df = pd.DataFrame(rows, columns=["model", "dtype", "engine", "case", "mode", "prompt", "status", "matched",
-                                         "first_div", "max_dlogprob", "where", "_sum", "_count"])
-        df["first_div"] = df["first_div"].astype("Int64")
-        if per == "prompt" or df.empty:
-            return df.drop(columns=["_sum", "_count"])
+    def summary_table(self, per: str = "prompt") -> list[dict[str, Any]]:
+        """Rows (dicts): one per prompt (``per="prompt"``) or per (model, dtype, engine, case, mode)
+        (``per="model"``) with status counts, max |dlogprob| and where it was, and the mean |dlogprob| over the
+        set's shared generated-step logprobs (what ``mean_tol`` bounds; None when nothing was compared)."""
+        rows = [{"model": p.model, "dtype": p.dtype, "engine": p.engine, "case": p.case, "mode": p.mode,
+                 "prompt": p.prompt_id, "status": p.status, "matched": f"{p.matched_tokens}/{p.num_tokens}",
+                 "first_div": p.first_divergence, "max_dlogprob": p.max_abs_diff, "where": p.where}
+                for p in self.prompts]
+        if per == "prompt":
+            return rows
         if per != "model":
             raise ValueError(f"per must be 'prompt' or 'model', got {per!r}")
+        groups: dict[tuple, list[PromptReport]] = {}
+        for p in self.prompts:
+            groups.setdefault((p.model, p.dtype, p.engine, p.case, p.mode), []).append(p)
         out = []
-        for key, g in df.groupby(["model", "dtype", "engine", "case", "mode"], sort=False):
-            worst = g["max_dlogprob"].idxmax()
-            where = f"{g.loc[worst, 'prompt']}: {g.loc[worst, 'where']}" if g.loc[worst, "where"] else "-"
-            counts = g["status"].value_counts()
-            out.append({**dict(zip(["model", "dtype", "engine", "case", "mode"], key)), "prompts": len(g),
-                        "match": int(counts.get(MATCH, 0)), "diverged_ok": int(counts.get(DIVERGED_OK, 0)),
-                        "fail": int(counts.get(FAIL, 0)), "max_dlogprob": g.loc[worst, "max_dlogprob"],
-                        "mean_dlogprob": g["_sum"].sum() / g["_count"].sum() if g["_count"].sum() else None,
-                        "where": where})
-        return pd.DataFrame(out)
+        for (model, dtype, engine, case, mode), ps in groups.items():
+            worst = max(ps, key=lambda p: p.max_abs_diff)
+            count = sum(p.gen_diff_count for p in ps)
+            out.append({"model": model, "dtype": dtype, "engine": engine, "case": case, "mode": mode,
+                        "prompts": len(ps), "match": sum(p.status == MATCH for p in ps),
+                        "diverged_ok": sum(p.status == DIVERGED_OK for p in ps),
+                        "fail": sum(p.status == FAIL for p in ps), "max_dlogprob": worst.max_abs_diff,
+                        "mean_dlogprob": sum(p.gen_diff_sum for p in ps) / count if count else None,
+                        "where": f"{worst.prompt_id}: {worst.where}" if worst.where else "-"})
+        return out
+
+
+SET_COLUMNS = ("case", "mode", "prompts", "match", "diverged_ok", "fail", "max_dlogprob", "mean_dlogprob", "where")
+PROMPT_COLUMNS = ("case", "prompt", "status", "matched", "first_div", "max_dlogprob", "where")
+
+
+CELL = 32  # the widest a column other than the last may be (a long prompt name is cut, not the table widened)
+
+
+def _cell(value: Any, limit: int = CELL) -> str:
+    text = "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...], indent: str = "  ",
+                 width: int = WIDTH) -> list[str]:
+    """Rows as aligned text lines within ``width`` columns: the last column is cut (ending in "...") to fit."""
+    cells = [[_cell(r.get(c), CELL if i < len(columns) - 1 else width) for i, c in enumerate(columns)] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = []
+    for row in [list(columns)] + cells:
+        text = indent + "  ".join(v.ljust(w) for v, w in zip(row[:-1], widths[:-1])) + "  " + row[-1]
+        lines.append(text if len(text) <= width else text[: width - 3] + "...")
+    return lines
+
+
+def summary_lines(report: ConformanceReport, all_prompts: bool = False, width: int = WIDTH) -> list[str]:
+    """The end-of-run summary: per (model, dtype, engine) a heading, its sets' rows and its prompts that did not
+    match exactly (every prompt with ``all_prompts``), then the failures of whole sets."""
+    sets, prompts = report.summary_table("model"), report.summary_table("prompt")
+    lines: list[str] = []
+    for key in dict.fromkeys((r["model"], r["dtype"], r["engine"]) for r in sets):
+        lines.append(f"{key[0]} / {key[1]} / engine {key[2]}"[:width])
+        lines += format_table([r for r in sets if (r["model"], r["dtype"], r["engine"]) == key], SET_COLUMNS,
+                              width=width)
+        shown = [r for r in prompts if (r["model"], r["dtype"], r["engine"]) == key
+                 and (all_prompts or r["status"] != MATCH)]
+        if shown:
+            lines.append("  all prompts:" if all_prompts else "  prompts that did not match exactly (-v shows all):")
+            lines += format_table(shown, PROMPT_COLUMNS, indent="    ", width=width)
+    for f in report.set_failures:
+        text = f"whole set FAILED, {f['model']}/{f['dtype']}/{f['engine']}: {f['message']}"
+        lines += [text[i: i + width] for i in range(0, len(text), width)]
+    return lines

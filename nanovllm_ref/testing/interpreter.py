@@ -26,7 +26,7 @@ def use_triton_interpreter() -> bool:
         os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") != "1":
         return False
-    if "triton" in sys.modules and not _interpreted():
+    if sys.modules.get("triton") is not None and not _interpreted():
         import triton.language
         import triton.language.standard
 
@@ -36,7 +36,33 @@ def use_triton_interpreter() -> bool:
             module = sys.modules.get(f"nanovllm_ref.kernels.{name}")
             if module is not None:
                 importlib.reload(module)
+    _index_scalars_of_any_rank()
     return True
+
+
+def _index_scalars_of_any_rank() -> None:
+    """Triton's interpreter before 3.9 turns a scalar tensor into a Python int with ``int(data)``, which numpy >= 2.4
+    refuses for the shape-(1,) arrays a scalar load gives ("only 0-dimensional arrays can be converted to Python
+    scalars", seen in split-K decode's ``range(start, end, BLOCK_N)`` with triton 3.6). 3.9 squeezes first
+    (triton/runtime/interpreter.py, ``__index__``); older versions get the same after their own patching."""
+    try:
+        import triton
+    except ImportError:  # no triton: the kernel candidates skip (testing/kernels.py)
+        return
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9):
+        return
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "squeezes_index", False):
+        return
+
+    def patch_lang_tensor(tensor: type, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.squeezes_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
 
 
 def _interpreted() -> bool:

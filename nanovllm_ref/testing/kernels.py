@@ -13,6 +13,9 @@ conformance/README.md)::
                 KernelCandidate("prefill_attention", "mine", my_prefill)]  # prefill_attention_reference's
 
 ``size="small"`` draws shapes the Triton interpreter runs in seconds (CPU, CI); ``size="full"`` real ones (GPU).
+A candidate that cannot run here says why through ``unavailable`` (nanovllm_ref's Triton kernels: no triton, or no
+GPU and no interpreter) and is skipped with that reason; a check that fails raises a short
+:class:`~nanovllm_ref.testing.mismatch.KernelMismatch` (the worst element, both values, the tolerance).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
 from ..kernels.store_kv import store_kv_reference
+from .mismatch import Described, KernelMismatch, check_equal, check_same_layout, triton_unavailable, worst_element
 from .strategies import RELATIVE_TOLERANCE, PagedBatch, make_paged_batch, paged_batches, relative_error
 
 MAGNITUDES = (1e-3, 1e-1, 1.0, 1e2)  # activations scaled by these: epsilon and accumulation-dtype bugs show
@@ -43,8 +47,12 @@ class KernelSpec:
     name: str
     inputs: Callable[..., st.SearchStrategy]  # (size, dtypes, magnitude, device) -> strategy of inputs
     call: Callable[[Callable, Any], Any]  # call(fn, inputs) -> output; fn has the reference's signature
-    check: Callable[[Any, Any, Any], None]  # check(out, ref_out, inputs): raises AssertionError
+    check: Callable[[Any, Any, Any], None]  # check(out, ref_out, inputs): raises KernelMismatch
     reference: Callable
+
+    def draws(self, size: str, dtypes, magnitude: float, device: str) -> st.SearchStrategy:
+        """The inputs, printing as their shapes (a failing example's report names no tensor values)."""
+        return self.inputs(size, dtypes, magnitude, device).map(lambda x: Described(x) if type(x) is tuple else x)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,10 @@ class KernelCandidate:
     kernel: str  # a key of KERNELS
     label: str
     fn: Callable  # same signature as KERNELS[kernel].reference
+    unavailable: Callable[[], str | None] | None = None  # why it cannot run here (None: it can)
+
+    def skip_reason(self) -> str | None:
+        return self.unavailable() if self.unavailable is not None else None
 
 
 def _scaled(x: torch.Tensor, magnitude: float) -> torch.Tensor:
@@ -59,13 +71,18 @@ def _scaled(x: torch.Tensor, magnitude: float) -> torch.Tensor:
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, factor: float = 1.0) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype, (out.shape, out.dtype, ref.shape, ref.dtype)
+    check_same_layout(out, ref)
     finite = ref.isfinite()
-    assert torch.equal(out.isfinite(), finite), "non-finite outputs where the reference is finite, or the reverse"
+    if not torch.equal(out.isfinite(), finite):
+        wrong = int((out.isfinite() != finite).sum())
+        raise KernelMismatch(f"{wrong} elements non-finite where the reference is finite, or the reverse; "
+                             f"{worst_element(out, ref)}")
     # where the reference overflows (its dtype's range), the same inf: a difference there would read as NaN
-    torch.testing.assert_close(out[~finite], ref[~finite], rtol=0, atol=0, equal_nan=True)
-    err = relative_error(out[finite], ref[finite])
-    assert err < RELATIVE_TOLERANCE[dtype] * factor, f"relative error {err:.3g}"
+    check_equal(out[~finite], ref[~finite], "where the reference is not finite, the output")
+    err, tol = relative_error(out[finite], ref[finite]), RELATIVE_TOLERANCE[dtype] * factor
+    if not err < tol:
+        raise KernelMismatch(f"relative error {err:.3g} > tolerance {tol:.3g} ({str(dtype)[6:]}); "
+                             f"{worst_element(out, ref)}")
 
 
 # ---- paged attention and the KV store --------------------------------------------------------------------
@@ -81,7 +98,7 @@ def _attention_inputs(decode: bool):
         def scale(b: PagedBatch) -> PagedBatch:
             b.q = _scaled(b.q, magnitude)  # sharper or flatter softmax
             b.v_cache, b.value = _scaled(b.v_cache, magnitude), _scaled(b.value, magnitude)
-            return b
+            return b  # its repr gives shapes and lengths, not tensors
         return batches.map(scale)
     return inputs
 
@@ -95,7 +112,10 @@ def _decode_call(fn: Callable, b: PagedBatch) -> torch.Tensor:
 
 
 def _attention_check(out: torch.Tensor, ref: torch.Tensor, b: PagedBatch) -> None:
-    assert out.isfinite().all(), "unwritten (NaN) outputs, or poisoned KV read"
+    check_same_layout(out, ref)
+    if not bool(out.isfinite().all()):
+        raise KernelMismatch(f"{int((~out.isfinite()).sum())} unwritten (NaN) outputs, or poisoned KV read; "
+                             f"{worst_element(out, ref)}")
     _close(out, ref, b.q.dtype)
 
 
@@ -106,8 +126,8 @@ def _store_call(fn: Callable, b: PagedBatch) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _store_check(out, ref, b: PagedBatch) -> None:
-    for o, r in zip(out, ref):
-        torch.testing.assert_close(o, r, rtol=0, atol=0, equal_nan=True)
+    for o, r, name in zip(out, ref, ("K cache", "V cache")):
+        check_equal(o, r, name)
 
 
 # ---- elementwise / norm / rotary / MoE / sampling ---------------------------------------------------------
@@ -127,7 +147,7 @@ def _norm_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tupl
 
 def _norm_check(out, ref, inputs) -> None:
     if inputs[3] is not None:
-        assert torch.equal(out[1], ref[1]), "the residual sum must be bitwise the reference's"
+        check_equal(out[1], ref[1], "the residual sum")
         out, ref = out[0], ref[0]
     _close(out, ref, inputs[0].dtype, 0.1)
 
@@ -148,7 +168,11 @@ def _rotary_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> tu
 
 def _rotary_check(out, ref, inputs) -> None:
     tol = {torch.float32: 1e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[inputs[0].dtype]
-    torch.testing.assert_close(out, ref, rtol=tol, atol=tol * inputs[0].abs().max().item())
+    check_same_layout(out, ref)
+    atol = tol * inputs[0].abs().max().item()
+    bound = atol + tol * ref.double().abs()
+    if not bool(((out.double() - ref.double()).abs() <= bound).all()):
+        raise KernelMismatch(f"outside |out - ref| <= {atol:.3g} + {tol:.3g} |ref|; {worst_element(out, ref)}")
 
 
 @st.composite
@@ -206,11 +230,11 @@ def _sampling_inputs(draw, size: str, dtypes, magnitude: float, device: str) -> 
 
 
 def _sampling_check(out, ref, inputs) -> None:
-    assert torch.equal(out[1], ref[1]), f"finite flags {out[1].tolist()} != {ref[1].tolist()}"
+    check_equal(out[1], ref[1], "the finite flags")
     # every row's draw is defined but for NaN / +inf ones: a row masked with -inf (top-k / top-p) is flagged not
     # finite (the engine takes the flag before masking) and must still draw the reference's token
     drawn = ~(inputs[0].isnan() | (inputs[0] == float("inf"))).any(dim=-1)
-    assert torch.equal(out[0][drawn], ref[0][drawn]), f"tokens {out[0].tolist()} != {ref[0].tolist()}"
+    check_equal(out[0][drawn], ref[0][drawn], "the tokens drawn")
 
 
 @st.composite
@@ -244,8 +268,9 @@ def _epilogue_check(out, ref, inputs) -> None:
     (q, k, v), (ref_q, ref_k, ref_v) = out, ref
     _close(q, ref_q, inputs[0].dtype)
     written = ~ref_k.isnan()
-    assert torch.equal(k.isnan(), ref_k.isnan()) and torch.equal(v.isnan(), ref_v.isnan()), "other cache rows written"
-    assert torch.equal(v[written], ref_v[written]), "V must be the projection's V, bitwise"
+    check_equal(k.isnan(), ref_k.isnan(), "which K cache rows are written (NaN: untouched)")
+    check_equal(v.isnan(), ref_v.isnan(), "which V cache rows are written (NaN: untouched)")
+    check_equal(v[written], ref_v[written], "V (the projection's, bitwise)")
     if written.any():
         _close(k[written], ref_k[written], inputs[0].dtype)
 
@@ -330,7 +355,8 @@ def backend_candidates(backend_cls: type, label: str) -> list[KernelCandidate]:
 
 
 def nanovllm_ref_candidates() -> list[KernelCandidate]:
-    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature, and its sdpa attention backend."""
+    """nanovllm_ref's Triton kernels, each wrapped to its reference's signature (each unavailable without triton, or
+    without a GPU and the interpreter), and its sdpa attention backend."""
     from ..attention.sdpa_backend import SdpaBackend
     from ..kernels import (
         activation,
@@ -350,16 +376,16 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
                                                      num_splits=splits)
         return decode
 
-    candidates = [KernelCandidate("decode_attention", f"triton-splits-{s or 'auto'}", decode_with(s))
-                  for s in (None, 1, 3)]
+    candidates = [KernelCandidate("decode_attention", f"triton-splits-{n or 'auto'}", decode_with(n),
+                                  triton_unavailable) for n in (None, 1, 3)]
     return candidates + [
-        KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention),
-        KernelCandidate("store_kv", "triton", store_kv.store_kv),
-        KernelCandidate("rms_norm", "triton", rmsnorm.rms_norm),
-        KernelCandidate("apply_rotary", "triton", rotary.apply_rotary),
-        KernelCandidate("silu_and_mul", "triton", activation.silu_and_mul),
-        KernelCandidate("fused_moe", "triton", fused_moe.fused_moe),
-        KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample),
-        KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue),
+        KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention, triton_unavailable),
+        KernelCandidate("store_kv", "triton", store_kv.store_kv, triton_unavailable),
+        KernelCandidate("rms_norm", "triton", rmsnorm.rms_norm, triton_unavailable),
+        KernelCandidate("apply_rotary", "triton", rotary.apply_rotary, triton_unavailable),
+        KernelCandidate("silu_and_mul", "triton", activation.silu_and_mul, triton_unavailable),
+        KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
+        KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),
+        KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue, triton_unavailable),
         *backend_candidates(SdpaBackend, "sdpa"),
     ]

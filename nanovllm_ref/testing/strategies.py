@@ -56,6 +56,11 @@ class PagedBatch:
     query_lens: list[int]
     poison: str  # "nan" or "large"
 
+    def __repr__(self) -> str:  # shapes and lengths: what a failing example's report needs, no tensor values
+        return (f"PagedBatch({str(self.q.dtype)[6:]}, heads {self.num_heads}/{self.num_kv_heads}, head_dim "
+                f"{self.head_dim}, block_size {self.block_size}, context_lens {self.context_lens}, query_lens "
+                f"{self.query_lens}, poison {self.poison})")
+
     @property
     def num_seqs(self) -> int:
         return len(self.context_lens)

@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from .chat_template import render_chat
 from .engine_loop import EngineLoop
 from .handlers import Choice, Generation, error_event, run_to_end, sse
 from .params import BadRequest, plan_request
@@ -139,15 +140,12 @@ def _render_chat(served: Served, req: ChatCompletionRequest) -> str:
                          "or use /v1/completions", "messages")
     served.check_chars(sum(len(m.text()) for m in req.messages), "messages")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
-    try:  # tokenize=False gives the text in transformers 4 and 5 alike (tokenize=True: a BatchEncoding in 5)
-        text = served.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
+    try:
+        return render_chat(served.tokenizer, messages, served.chat_template,
+                           add_generation_prompt=req.add_generation_prompt,
+                           continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
     except Exception as e:  # jinja2 TemplateError, a bad chat_template_kwargs name, ...
         raise BadRequest(f"messages: the chat template failed: {type(e).__name__}: {e}", "messages") from None
-    if not isinstance(text, str):
-        raise BadRequest(f"the chat template gave a {type(text).__name__}, not text", "messages")
-    return text
 
 
 async def chat_completions(served: Served, req: ChatCompletionRequest, receive: Any) -> Any:

@@ -18,16 +18,20 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 @dataclass
 class Served:
     """What the routes need: the engine loop, the server's own tokenizer (the engine thread has its own: fast
-    tokenizers are not safe to share between threads), names, the chat template and the prompt limit."""
+    tokenizers are not safe to share between threads), names, the chat template, the prompt limit and the metrics
+    (None without prometheus-client). `aliases`: other names requests may use (the model as given on the
+    command line, its folder), never listed."""
 
     loop: EngineLoop
     tokenizer: Any
     model_names: tuple[str, ...]
     chat_template: str | None
     max_prompt_chars: int
+    metrics: Any = None
+    aliases: tuple[str, ...] = ()
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
+        if name is not None and name not in self.model_names and name not in self.aliases:
             raise BadRequest(f"The model `{name}` does not exist.", "model", status=404)
 
     def check_chars(self, num_chars: int, param: str = "prompt") -> None:

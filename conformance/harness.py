@@ -34,7 +34,7 @@ class Options:
 
 
 def selected_models(config: pytest.Config) -> list[ModelSpec]:
-    from golden.load import CHECKPOINTS_DIR, checkpoint_path, list_checkpoints
+    from golden.load import checkpoint_path, golden_name, list_checkpoints, resolve_model
 
     raw = config.getoption("--model")
     raw = [raw] if isinstance(raw, str) else list(raw or [])  # a str if a plugin loaded earlier owns --model
@@ -43,16 +43,12 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
         return [ModelSpec(n, checkpoint_path(n), True) for n in list_checkpoints()]
     specs = []
     for n in names:
-        if os.path.isdir(n) and Path(n).resolve().parent == CHECKPOINTS_DIR.resolve():
-            n = Path(n).resolve().name  # a golden checkpoint given by its path
-        if n in list_checkpoints():
-            specs.append(ModelSpec(n, checkpoint_path(n), True))
-        elif os.path.isdir(n):
-            path = os.path.abspath(n)
-            specs.append(ModelSpec(os.path.basename(path.rstrip("/")), path, False))
-        else:
-            raise pytest.UsageError(f"--model {n!r} is neither a golden checkpoint ({list_checkpoints()}) "
-                                    "nor a checkpoint folder")
+        try:
+            path = os.path.abspath(resolve_model(n))  # the resolver LLM() and the CLI use
+        except ValueError as e:
+            raise pytest.UsageError(f"--model: {e}") from None
+        golden = golden_name(path)  # a golden checkpoint, by name or by its folder
+        specs.append(ModelSpec(golden or os.path.basename(path.rstrip("/")), path, golden is not None))
     return specs
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,28 @@ def checkpoint_path(name: str) -> str:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no golden checkpoint {name!r}; have {list_checkpoints()}")
     return str(path)
+
+
+def resolve_model(model: str | os.PathLike) -> str:
+    """The checkpoint folder ``model`` names: a folder with a config.json as given (relative to the working
+    folder), else the golden checkpoint of that name, from any folder. The one resolver behind ``LLM(model)``,
+    ``nanovllm-ref generate|serve|chat MODEL`` and pytest's ``--model``; anything else is a ValueError naming
+    both readings (a folder without config.json is returned for the loader to say so)."""
+    text = os.fspath(model)
+    if os.path.isfile(os.path.join(text, "config.json")):
+        return text
+    if (CHECKPOINTS_DIR / text / "config.json").is_file() and text == os.path.basename(text):
+        return str(CHECKPOINTS_DIR / text)
+    if os.path.isdir(text):
+        return text
+    raise ValueError(f"model {text!r} is neither a checkpoint folder nor a golden checkpoint name "
+                     f"({', '.join(list_checkpoints())})")
+
+
+def golden_name(path: str | os.PathLike) -> str | None:
+    """The golden checkpoint's name if ``path`` is one of the golden checkpoint folders, else None."""
+    folder = Path(path).resolve()
+    return folder.name if folder.parent == CHECKPOINTS_DIR.resolve() and folder.name in list_checkpoints() else None
 
 
 def normalize_dtype(dtype: object) -> str:

@@ -1,7 +1,13 @@
-"""The user-facing entry point: `LLM(model, **config).generate(prompts, sampling_params)`."""
+"""The user-facing entry point: `LLM(model, **config).generate(prompts, sampling_params)` and `.chat(messages)`.
+
+`model` is a checkpoint folder or a golden checkpoint's name (golden.load.resolve_model). The prompt forms and
+the `chat` signature follow vLLM's `LLM`: one prompt or a list; a text, token ids, or a
+`{"prompt": ...}` / `{"prompt_token_ids": ...}` dict; one conversation (OpenAI-style messages) or a list of them.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -12,10 +18,16 @@ from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
+Prompt = str | list[int] | dict
+
 
 class LLM:
     def __init__(self, model: str, **config: Any) -> None:
-        self.config = Config.from_kwargs(model, **config)
+        from golden.load import resolve_model
+
+        self.model_name = str(model)  # as given (the served name's default)
+        path = resolve_model(model) if isinstance(model, (str, os.PathLike)) else model
+        self.config = Config.from_kwargs(path, **config)
         self.engine = LLMEngine(self.config)
 
     @property
@@ -24,13 +36,12 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[str] | list[list[int]],
+        prompts: Prompt | list[Prompt],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; results come back in input order."""
-        if not isinstance(prompts, (list, tuple)):
-            raise TypeError("prompts must be a list of strings or a list of token-id lists")
+        """Generate for every prompt (a single one too); results come back in input order."""
+        prompts = [_prompt(p) for p in _prompt_list(prompts)]
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -53,6 +64,30 @@ class LLM:
         bar.close()
         return [results[i] for i in ids]
 
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation or to each of a list, rendered with the checkpoint's chat template (or
+        `chat_template`); as vLLM's `LLM.chat`."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise TypeError("messages must be a conversation (a list of message dicts) or a list of them")
+        conversations = messages if isinstance(messages[0], (list, tuple)) else [messages]
+        options = dict(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                       **(chat_template_kwargs or {}))
+        from .serve.chat_template import render_chat  # (the server's and the chat CLI's renderer too)
+
+        texts = [render_chat(self.tokenizer, c, chat_template, **options) for c in conversations]
+        # the template writes its own special tokens (BOS included)
+        ids = [list(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        return self.generate(ids, sampling_params, use_tqdm)
+
     # step-level API
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
         return self.engine.add_request(prompt, params, request_id)
@@ -66,6 +101,13 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
 
+    def stats(self) -> dict[str, float]:
+        """Scheduler and KV-cache load now (for metrics): running and waiting sequences, and the cache's used
+        fraction (blocks that are neither free nor only kept for the prefix cache, as vLLM counts it)."""
+        sched, blocks = self.engine.scheduler, self.engine.block_manager
+        return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
+                "kv_cache_usage": 1.0 - blocks.num_free_blocks / blocks.num_blocks}
+
     def reset_prefix_cache(self) -> None:
         self.engine.block_manager.reset_prefix_cache()
 
@@ -77,3 +119,22 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _prompt_list(prompts: Any) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError("prompts must be a prompt (a str, token ids or a prompt dict) or a non-empty list of them")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [list(prompts)]  # one token-id prompt
+    return list(prompts)
+
+
+def _prompt(prompt: Any) -> str | list[int]:
+    """A vLLM prompt dict ({"prompt": text} or {"prompt_token_ids": ids}) as the text or the ids."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+        raise TypeError(f"a prompt dict has either 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+    return next(iter(prompt.values()))

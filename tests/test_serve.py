@@ -55,8 +55,15 @@ def test_served_model_names_and_unknown_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL, "tiny"]
     card = models[0].model_extra
-    assert card["root"] == str(checkpoint_path(QWEN3)) and card["dtype"] == "float32"
+    assert card["root"] == QWEN3 and card["dtype"] == "float32"  # a name, never a filesystem path
     assert card["config"]["vocab_size"] == 1536 and card["max_model_len"] == 512
+    assert set(card["config"]) <= {"model_type", "vocab_size", "hidden_size", "num_hidden_layers",
+                                  "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                                  "tie_word_embeddings", "max_position_embeddings"}  # the architecture,
+    assert "rms_norm_eps" not in card["config"] and "/" not in str(card)  # not the whole config, nor a path
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4")
     r = client.completions.create(model="tiny", prompt=[5, 6], max_tokens=2)
     assert r.model == "tiny"
     with pytest.raises(openai.NotFoundError, match="does not exist"):

@@ -1,29 +1,43 @@
-"""The FastAPI application: routes, OpenAI-style JSON errors, and the request-body limits.
+"""The FastAPI application: routes, OpenAI-style JSON errors, the request-body limits and the access log.
+
+Routes: the OpenAI ones (/v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id}), /health, /metrics
+(Prometheus, metrics.py), /docs (an offline page, docs.py) and /openapi.json. A model card names the model and
+its architecture (the config.json fields that identify it), never a filesystem path.
 
 Every error is `{"error": {"message", "type", "param", "code"}}` with its HTTP status: 400 for a refused
 parameter (pydantic's validation errors too, which FastAPI would answer with 422; vLLM answers 400), 404 for an
 unknown model or route, 405 for a wrong method, 408 for a body not received in time, 413 for a body over
-`max_request_bytes`, 500 when the engine failed a request, 503 from /health when the engine loop is dead.
+`max_request_bytes`, 500 when the engine failed a request, 501 from /metrics without prometheus-client, 503
+from /health when the engine loop is dead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from .. import __version__
+from .docs import docs_html
 from .params import BadRequest
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .routes import Served, chat_completions, completions
 
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 408: "RequestTimeout",
-          413: "RequestTooLarge", 500: "InternalServerError", 503: "ServiceUnavailable"}
+          413: "RequestTooLarge", 500: "InternalServerError", 501: "NotImplemented", 503: "ServiceUnavailable"}
+ACCESS_LOG = "nanovllm_ref.serve.access"
+# config.json fields that identify an architecture (what `--engine openai:URL` compares with --model)
+ARCH_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings",
+               "max_position_embeddings", "num_experts", "num_experts_per_tok")
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
@@ -89,10 +103,52 @@ class BodyLimits:
         await send({"type": "http.response.body", "body": data})
 
 
-def build_app(served: Served, max_request_bytes: int = 4 << 20, body_timeout_s: float = 30.0) -> Any:
-    """The ASGI app (FastAPI inside the body-limit middleware); OpenAPI schema at /docs and /openapi.json."""
+class AccessLog:
+    """ASGI middleware: one log line per HTTP request when its response has ended (a stream when it ends or the
+    client leaves): client, request line, status ("-": none was sent), seconds, response bytes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.log = app, logging.getLogger(ACCESS_LOG)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status, size = time.perf_counter(), "-", 0
+
+        async def record(message: dict) -> None:
+            nonlocal status, size
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            elif message["type"] == "http.response.body":
+                size += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            host, port = scope.get("client") or ("-", 0)
+            query = scope.get("query_string", b"").decode("latin-1")
+            target = scope["path"] + (f"?{query}" if query else "")
+            self.log.info('%s:%s "%s %s HTTP/%s" %s %.3fs %dB', host, port, scope["method"], target,
+                          scope.get("http_version", "1.1"), status, time.perf_counter() - start, size)
+
+
+def model_card(served: Served, created: int) -> dict:
+    """What /v1/models says of every served name (besides its id): the checkpoint's folder name as vLLM's `root`,
+    the length and dtype it runs with, and the architecture fields of its config."""
+    engine = served.loop.llm.engine
+    config = engine.hf_config.to_dict()
+    return {"object": "model", "created": created, "owned_by": "nanovllm_ref",
+            "root": os.path.basename(os.path.normpath(engine.config.model)), "parent": None,
+            "max_model_len": engine.spec.max_model_len, "dtype": str(engine.spec.dtype).removeprefix("torch."),
+            "config": {k: config[k] for k in ARCH_FIELDS if isinstance(config.get(k), (int, float, str, bool))}}
+
+
+def build_app(served: Served, max_request_bytes: int = 4 << 20, body_timeout_s: float = 30.0,
+              access_log: bool = True) -> Any:
+    """The ASGI app: FastAPI inside the body-limit middleware, inside the access log (when on)."""
     app = FastAPI(title="nanovllm_ref", summary="OpenAI-compatible server over the nanovllm_ref engine",
-                  version="0.1.0")
+                  version=__version__, docs_url=None, redoc_url=None)  # their pages load scripts from a CDN
     app.state.served = served
     created = int(time.time())
 
@@ -117,15 +173,28 @@ def build_app(served: Served, max_request_bytes: int = 4 << 20, body_timeout_s: 
             return JSONResponse({"status": "ok"})
         return JSONResponse(error_body(503, f"the engine loop is dead: {served.loop.fatal}"), status_code=503)
 
-    engine = served.loop.llm.engine
-    card = {"object": "model", "created": created, "owned_by": "nanovllm_ref", "root": str(engine.config.model),
-            "max_model_len": engine.spec.max_model_len, "dtype": str(engine.spec.dtype).removeprefix("torch."),
-            # the architecture's scalar settings: what `--engine openai:URL` checks against --model
-            "config": {k: v for k, v in engine.hf_config.to_dict().items() if isinstance(v, (int, float, str, bool))}}
+    card = model_card(served, created)
 
-    @app.get("/v1/models", summary="the served model names (root: the checkpoint; dtype; config)")
+    @app.get("/v1/models", summary="the served model names (root: the checkpoint's name; dtype; architecture)")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, **card} for name in served.model_names]}
+
+    @app.get("/v1/models/{model_id:path}", summary="one served model (404 for a name not served)")
+    async def model(model_id: str) -> dict:
+        if model_id not in served.model_names:
+            raise BadRequest(f"The model `{model_id}` does not exist.", "model", status=404)
+        return {"id": model_id, **card}
+
+    @app.get("/metrics", summary="Prometheus metrics (vLLM's names: requests, tokens, load, latencies)")
+    async def metrics() -> Response:
+        if served.metrics is None:
+            return JSONResponse(error_body(501, "metrics need prometheus-client: pip install 'nanovllm_ref[serve]'"),
+                                status_code=501)
+        return Response(served.metrics.render(), media_type=served.metrics.content_type)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(docs_html(app.openapi()))
 
     @app.post("/v1/completions", summary="OpenAI completions (vLLM's extensions included)")
     async def _completions(req: CompletionRequest, request: Request) -> Any:
@@ -135,4 +204,5 @@ def build_app(served: Served, max_request_bytes: int = 4 << 20, body_timeout_s: 
     async def _chat(req: ChatCompletionRequest, request: Request) -> Any:
         return await chat_completions(served, req, request.receive)
 
-    return BodyLimits(app, max_request_bytes, body_timeout_s)
+    limited = BodyLimits(app, max_request_bytes, body_timeout_s)
+    return AccessLog(limited) if access_log else limited

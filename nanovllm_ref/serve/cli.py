@@ -2,58 +2,93 @@
 
     nanovllm-ref serve MODEL [--port 8000] [--served-model-name NAME] [--chat-template FILE]
     nanovllm-ref generate MODEL "def main(" "import os" [--max-tokens 32 --temperature 0]
-    nanovllm-ref chat MODEL [--chat-template FILE]        # interactive, streaming; an empty line or EOF ends
+    nanovllm-ref chat MODEL [--chat-template FILE]        # interactive, streaming; /exit or Ctrl-D quits
     nanovllm-ref bench [--arch A --workload W ...]        # engine throughput / latency vs the roofline
     nanovllm-ref conformance --engine SPEC --model NAME [pytest flags]
+
+MODEL is a checkpoint folder or the name of a golden checkpoint (qwen3-tiny, ...), from any folder.
+A mistake on the command line (a wrong path, an unknown dtype, a number out of range) prints one line and
+exits 2; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
+from typing import Any
+
+from .. import __version__
+from ..config import DEVICES, DTYPES
+
+
+class UsageError(Exception):
+    """A mistake in the command line or in what it names: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints the usage block too: one line is enough
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def checked(make: Any, *args: Any, **kwargs: Any) -> Any:
+    """`make(*args, **kwargs)`; a ValueError, TypeError or OSError (bad input: the engine validates before it
+    changes anything) becomes a UsageError with the same message."""
+    try:
+        return make(*args, **kwargs)
+    except (ValueError, TypeError, OSError) as e:
+        raise UsageError(str(e)) from e
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     try:
         kwargs = json.loads(args.config)
     except ValueError as e:
-        raise SystemExit(f"--config: not valid JSON ({e}): {args.config!r}") from None
+        raise UsageError(f"--config: not valid JSON ({e}): {args.config!r}") from None
     if not isinstance(kwargs, dict):
-        raise SystemExit(f"--config: a JSON object of LLM settings is needed, got {args.config!r}")
+        raise UsageError(f"--config: a JSON object of LLM settings is needed, got {args.config!r}")
     for name in ("dtype", "max_model_len", "device"):
         if getattr(args, name, None) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs
 
 
+def load_llm(args: argparse.Namespace) -> Any:
+    from ..llm import LLM
+
+    return checked(LLM, args.model, **engine_kwargs(args))
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a checkpoint folder")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    p.add_argument("model", help="a checkpoint folder, or a golden checkpoint's name (e.g. qwen3-tiny)")
+    p.add_argument("--dtype", default=None, choices=DTYPES)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--device", default=None, help="auto | cuda | cpu")
+    p.add_argument("--device", default=None, choices=DEVICES)
     p.add_argument("--config", default="{}", help='more engine config as JSON, e.g. \'{"max_num_seqs": 64}\'')
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks for errors")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
-    p.add_argument("--served-model-name", nargs="+", default=[], help="names the API accepts (default: the path); "
-                   "the first is the one responses report")
+    p.add_argument("--served-model-name", nargs="+", default=[], help="names the API accepts (default: MODEL's "
+                   "name); the first is the one responses report")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the template text), "
                    "for checkpoints without one (e.g. ChatML)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive the request headers")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to wait for each part of the body")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
 
 
-def _sampling(args: argparse.Namespace) -> object:
+def sampling(args: argparse.Namespace) -> Any:
     from ..sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed)
+    return checked(SamplingParams, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -62,62 +97,52 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens whatever comes")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..llm import LLM
-
     try:
         from .server import config_from_args, serve
     except ImportError as e:
-        print(f"serve needs the serving extra: pip install 'nanovllm_ref[serve]' ({e})", file=sys.stderr)
-        return 2
+        raise UsageError(f"serve needs the serving extra: pip install 'nanovllm_ref[serve]' ({e})") from None
 
-    config = config_from_args(args)  # fails on a bad flag before the model loads
-    serve(LLM(args.model, **engine_kwargs(args)), config)
+    config = checked(config_from_args, args)  # a bad flag fails before the model loads
+    serve(load_llm(args), config)
     return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..llm import LLM
-    with LLM(args.model, **engine_kwargs(args)) as llm:
-        for prompt, out in zip(args.prompts, llm.generate(args.prompts, _sampling(args), use_tqdm=False)):
+    params = sampling(args)
+    with load_llm(args) as llm:
+        outs = checked(llm.generate, args.prompts, params, use_tqdm=False)
+        for prompt, out in zip(args.prompts, outs):
             print(f"--- {prompt!r} ({len(out.token_ids)} tokens, {out.finish_reason})\n{prompt}{out.text}")
     return 0
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from ..engine.detokenizer import IncrementalDetokenizer
-    from ..llm import LLM
+    from .chat import ChatSession
     from .chat_template import read_chat_template
 
-    template = read_chat_template(args.chat_template)
-    with LLM(args.model, **engine_kwargs(args)) as llm:
-        tok = llm.tokenizer
-        if tok is None or not (template or tok.chat_template):
-            print("this model has no tokenizer or chat template: pass --chat-template FILE", file=sys.stderr)
-            return 2
-        messages: list[dict] = []
-        while (line := _read("you> ")):
-            messages.append({"role": "user", "content": line})
-            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
-            ids, params = tok.encode(text, add_special_tokens=False), _sampling(args)
-            rid, detok, shown = llm.add_request(ids, params), IncrementalDetokenizer.for_request(tok, ids, params), ""
-            print("assistant> ", end="", flush=True)
-            while not (finished := llm.step()):  # one request: the step that finishes it returns it
-                detok.add(llm.engine.requests[rid].output_token_ids[detok.num_fed:])
-                shown += (piece := detok.stream())
-                print(piece, end="", flush=True)
-            print(finished[0].text[len(shown):], flush=True)  # the engine's text: `shown` is a prefix of it
-            messages.append({"role": "assistant", "content": finished[0].text})
-    return 0
-
-
-def _read(prompt: str) -> str:
+    params, template = sampling(args), checked(read_chat_template, args.chat_template)
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+    # TP ranks spawned with SIGINT ignored stay so: the terminal's Ctrl-C (sent to the whole process group) then
+    # stops a reply instead of killing the ranks
+    tp = engine_kwargs(args).get("tensor_parallel_size", 1)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
     try:
-        return input(prompt).strip()
-    except EOFError:
-        return ""
+        llm = load_llm(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    with llm:
+        if llm.tokenizer is None or not (template or llm.tokenizer.chat_template):
+            raise UsageError("this model has no tokenizer or chat template: pass --chat-template FILE")
+        return ChatSession(llm, params, template, args.model).run()
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -132,11 +157,12 @@ def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="nanovllm-ref", description=__doc__.splitlines()[0],
-                                  epilog=__doc__.split("\n", 2)[2],
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = _Parser(prog="nanovllm-ref", description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"nanovllm-ref {__version__}")
+    top.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat, models, health, /docs)")
+    p = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat, models, metrics, /docs)")
     add_engine_args(p)
     add_server_args(p)
     p = sub.add_parser("generate", help="generate for each PROMPT and print the texts")
@@ -151,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
                    add_help=False)
     p = sub.add_parser("conformance", help="the conformance suite against an engine; other flags go to pytest")
     p.add_argument("--engine", default="nanovllm_ref", help="nanovllm_ref | openai:URL | vllm | module:factory")
-    p.add_argument("--model", default=None, help="a golden checkpoint name (default: all)")
+    p.add_argument("--model", default=None, help="a golden checkpoint name or a checkpoint folder (default: all)")
     return top
 
 
@@ -164,7 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         return _conformance(args, rest)
     if rest:
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"serve": _serve, "generate": _generate, "chat": _chat}[args.command](args)
+    try:
+        return {"serve": _serve, "generate": _generate, "chat": _chat}[args.command](args)
+    except UsageError as e:
+        if args.debug:
+            raise
+        print(f"nanovllm-ref {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"nanovllm-ref {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ logprobs) on the request's asyncio queue, and a finished request its `RequestOut
 that finished earlier gets its last tokens there, after its stop string was applied). An exception that
 escapes a step (the engine already fails just the requests of a step that raises) ends the loop: every waiting
 request gets the error and `/health` turns 503.
+
+The loop also tells a `LoopObserver` (the server's metrics) what happened: after every step the scheduler's load,
+each request's first token (time to first token, its prompt tokens), new tokens, and each finished request.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from ..llm import LLM
@@ -38,14 +42,32 @@ class Failed:
     message: str
 
 
+class LoopObserver:
+    """What the engine loop reports (all calls from the engine thread; times from time.monotonic()). This base
+    ignores everything; the server's metrics (metrics.py) record it."""
+
+    def on_step(self, stats: dict[str, float]) -> None:
+        """After each step (and once a command was applied): LLM.stats()."""
+
+    def on_first_token(self, num_prompt_tokens: int, ttft_s: float) -> None:
+        """A request's prefill is done: its first output token exists, `ttft_s` after it arrived."""
+
+    def on_tokens(self, num_tokens: int) -> None:
+        """New output tokens (all samples of all requests) since the last call."""
+
+    def on_finished(self, out: RequestOutput, arrival: float, first_token: float | None, now: float) -> None:
+        """A request ended (any finish reason)."""
+
+
 class _Stream:
     """Where one request's items go: (request id, item) on an asyncio queue, put from the engine thread."""
 
-    __slots__ = ("rid", "inbox", "loop", "sent")
+    __slots__ = ("rid", "inbox", "loop", "sent", "arrival", "first_token")
 
     def __init__(self, rid: str, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
         self.rid, self.inbox, self.loop = rid, inbox, loop
         self.sent: list[int] = []  # output tokens already put, per sample
+        self.arrival, self.first_token = time.monotonic(), None
 
     def put(self, item: object) -> None:
         try:
@@ -55,9 +77,10 @@ class _Stream:
 
 
 class EngineLoop(threading.Thread):
-    def __init__(self, llm: LLM) -> None:
+    def __init__(self, llm: LLM, observer: LoopObserver | None = None) -> None:
         super().__init__(daemon=True, name="nanovllm_ref-engine")
         self.llm = llm
+        self.observer = observer or LoopObserver()
         self.fatal: str | None = None  # why the loop died, if it did
         self.num_steps = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -106,6 +129,7 @@ class EngineLoop(threading.Thread):
                     finished = self.llm.step()
                     self.num_steps += 1
                     self._deliver(finished)
+                self.observer.on_step(self.llm.stats())
         except BaseException as e:  # an engine bug: say so to everyone waiting, and let /health tell
             log.exception("the engine loop died")
             with self._death:
@@ -127,8 +151,10 @@ class EngineLoop(threading.Thread):
                 if command[0] == "add":
                     self._add(*command[1:])
                 elif command[0] == "abort" and command[1] in self._streams:
-                    self.llm.abort_request(command[1])
-                    self._streams.pop(command[1])
+                    out = self.llm.abort_request(command[1])
+                    stream = self._streams.pop(command[1])
+                    if out is not None:
+                        self.observer.on_finished(out, stream.arrival, stream.first_token, time.monotonic())
         except queue.Empty:
             pass
 
@@ -142,7 +168,7 @@ class EngineLoop(threading.Thread):
         self._streams[rid] = stream
 
     def _deliver(self, finished: list[RequestOutput]) -> None:
-        live = self.llm.engine.requests
+        live, now, num_new = self.llm.engine.requests, time.monotonic(), 0
         for rid, stream in self._streams.items():
             lead = live.get(rid)
             if lead is None:
@@ -154,8 +180,22 @@ class EngineLoop(threading.Thread):
                 logprobs = None if seq.logprobs is None else seq.logprobs[sent:seq.num_output_tokens]
                 prompt_logprobs = lead.prompt_logprobs if sent == 0 else None
                 stream.put(Delta(i, seq.output_token_ids[sent:], logprobs, prompt_logprobs))
+                num_new += seq.num_output_tokens - sent
                 stream.sent[i] = seq.num_output_tokens
+                self._first_token(stream, lead.num_prompt_tokens, now)
         for out in finished:
             stream = self._streams.pop(out.request_id, None)
             if stream is not None:
                 stream.put(out)
+                num_out = sum(len(o.token_ids) for o in out.outputs or [out])
+                num_new += num_out - sum(stream.sent)
+                if num_out:
+                    self._first_token(stream, len(out.prompt_token_ids), now)
+                self.observer.on_finished(out, stream.arrival, stream.first_token, now)
+        if num_new:
+            self.observer.on_tokens(num_new)
+
+    def _first_token(self, stream: _Stream, num_prompt_tokens: int, now: float) -> None:
+        if stream.first_token is None:
+            stream.first_token = now
+            self.observer.on_first_token(num_prompt_tokens, now - stream.arrival)

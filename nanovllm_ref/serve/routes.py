@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from .chat_template import render_chat
 from .engine_loop import EngineLoop
 from .handlers import Choice, Generation, error_event, run_to_end, sse
 from .params import BadRequest, plan_request
@@ -17,16 +18,20 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 @dataclass
 class Served:
     """What the routes need: the engine loop, the server's own tokenizer (the engine thread has its own: fast
-    tokenizers are not safe to share between threads), names, the chat template and the prompt limit."""
+    tokenizers are not safe to share between threads), names, the chat template, the prompt limit and the metrics
+    (None without prometheus-client). `aliases`: other names requests may use (the model as given on the
+    command line, its folder), never listed."""
 
     loop: EngineLoop
     tokenizer: Any
     model_names: tuple[str, ...]
     chat_template: str | None
     max_prompt_chars: int
+    metrics: Any = None
+    aliases: tuple[str, ...] = ()
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
+        if name is not None and name not in self.model_names and name not in self.aliases:
             raise BadRequest(f"The model `{name}` does not exist.", "model", status=404)
 
     def check_chars(self, num_chars: int, param: str = "prompt") -> None:
@@ -139,15 +144,12 @@ def _render_chat(served: Served, req: ChatCompletionRequest) -> str:
                          "or use /v1/completions", "messages")
     served.check_chars(sum(len(m.text()) for m in req.messages), "messages")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
-    try:  # tokenize=False gives the text in transformers 4 and 5 alike (tokenize=True: a BatchEncoding in 5)
-        text = served.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
+    try:
+        return render_chat(served.tokenizer, messages, served.chat_template,
+                           add_generation_prompt=req.add_generation_prompt,
+                           continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
     except Exception as e:  # jinja2 TemplateError, a bad chat_template_kwargs name, ...
         raise BadRequest(f"messages: the chat template failed: {type(e).__name__}: {e}", "messages") from None
-    if not isinstance(text, str):
-        raise BadRequest(f"the chat template gave a {type(text).__name__}, not text", "messages")
-    return text
 
 
 async def chat_completions(served: Served, req: ChatCompletionRequest, receive: Any) -> Any:

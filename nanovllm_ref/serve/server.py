@@ -2,13 +2,17 @@
 
 uvicorn's h11 protocol times out idle keep-alive connections but not a client that never finishes its request
 headers; `_Protocol` closes such a connection (with a 408) after `header_timeout_s`. The body's own timeout and
-size limit are the app's (app.BodyLimits).
+size limit are the app's (app.BodyLimits), and so is the access log (app.AccessLog: one line per request on
+stderr, `--no-access-log` to silence it; uvicorn's own access log stays off so that lines are not doubled).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +21,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..llm import LLM
 from ..loader import load_tokenizer
-from .app import build_app
+from .app import ACCESS_LOG, build_app
 from .chat_template import read_chat_template
 from .engine_loop import EngineLoop
 from .routes import Served
@@ -33,6 +37,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     log_level: str = "warning"
+    access_log: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -46,7 +51,8 @@ class ServerConfig:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(args.host, args.port, tuple(args.served_model_name), read_chat_template(args.chat_template),
-                        args.max_request_bytes, args.header_timeout, args.body_timeout, args.log_level)
+                        args.max_request_bytes, args.header_timeout, args.body_timeout, args.log_level,
+                        not args.no_access_log)
 
 
 def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
@@ -57,13 +63,31 @@ def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
     return max_model_len * max(len(token) for token in tokenizer.get_vocab())
 
 
+def default_model_name(llm: LLM) -> str:
+    """The name a server without --served-model-name lists: the model as given when it is a bare name (a golden
+    checkpoint's, a folder in the working folder), else the folder's name (no filesystem path goes out)."""
+    given = llm.model_name.rstrip("/\\")
+    bare = given not in ("", ".", "..") and os.path.basename(given) == given
+    return given if bare else os.path.basename(os.path.abspath(given))
+
+
+def _metrics(model_name: str) -> Any:
+    try:
+        from .metrics import ServerMetrics
+    except ImportError:  # prometheus-client missing: /metrics says how to install it
+        return None
+    return ServerMetrics(model_name)
+
+
 def make_served(llm: LLM, config: ServerConfig) -> Served:
-    loop = EngineLoop(llm)
+    names = config.served_model_names or (default_model_name(llm),)
+    metrics = _metrics(names[0])
+    loop = EngineLoop(llm, metrics)
     loop.start()
     tokenizer = load_tokenizer(llm.config.model)  # the server's copy; the engine thread uses the engine's
-    names = config.served_model_names or (str(llm.config.model),)
+    aliases = tuple({llm.model_name, str(llm.config.model)} - set(names))
     return Served(loop, tokenizer, names, read_chat_template(config.chat_template),
-                  max_prompt_chars(tokenizer, llm.engine.spec.max_model_len))
+                  max_prompt_chars(tokenizer, llm.engine.spec.max_model_len), metrics, aliases)
 
 
 class _Protocol(H11Protocol):
@@ -81,9 +105,10 @@ class _Protocol(H11Protocol):
 
 def make_uvicorn(served: Served, config: ServerConfig) -> uvicorn.Server:
     protocol = type("HeaderTimeoutProtocol", (_Protocol,), {"header_timeout_s": config.header_timeout_s})
-    app = build_app(served, config.max_request_bytes, config.body_timeout_s)
+    app = build_app(served, config.max_request_bytes, config.body_timeout_s, config.access_log)
     return uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, http=protocol,
-                                         log_level=config.log_level, timeout_keep_alive=5, lifespan="off"))
+                                         log_level=config.log_level, timeout_keep_alive=5, lifespan="off",
+                                         access_log=False))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -97,8 +122,15 @@ def serve(llm: LLM, config: ServerConfig) -> None:
     """Serve until interrupted; then stop the engine loop and the engine."""
     served = make_served(llm, config)
     sock = bind(config.host, config.port)
+    if config.access_log:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger = logging.getLogger(ACCESS_LOG)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
     print(f"nanovllm_ref serving {llm.config.model} as {served.model_names[0]!r} on "
-          f"http://{config.host}:{sock.getsockname()[1]}/v1 (API docs: /docs)", flush=True)
+          f"http://{config.host}:{sock.getsockname()[1]}/v1 (API docs: /docs, metrics: /metrics)", flush=True)
     try:
         make_uvicorn(served, config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on SIGINT, then re-raises it

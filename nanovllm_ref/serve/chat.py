@@ -1,0 +1,145 @@
+"""`nanovllm-ref chat MODEL`: a conversation in the terminal, replies streamed (as `ollama run`, `llama-cli -cnv`).
+
+- `/exit` (also `/bye`, `exit`, `quit`) or Ctrl-D quits; `/clear` forgets the conversation; `/?` lists the
+  commands. A line starting with `/` is a command, never sent to the model; an empty line is ignored.
+- Ctrl-C while a reply streams stops it: the request is aborted between two engine steps (never inside one), the
+  part shown stays in the conversation. Ctrl-C at the prompt says how to quit.
+- When the conversation + `--max-tokens` would not fit the context (max_model_len), the oldest turns are dropped
+  (a system message stays) with a notice; if the newest message alone leaves too little room, the reply is
+  capped, and a message that cannot fit at all is not sent. The session goes on in every case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Any
+
+from ..engine.detokenizer import IncrementalDetokenizer
+from ..sampling_params import SamplingParams
+from .chat_template import render_chat
+
+QUIT = ("/exit", "/bye", "/quit", "exit", "quit")
+HELP = ("/exit, /bye, Ctrl-D   quit\n/clear                forget the conversation\n"
+        "/?, /help             this list\nCtrl-C                stop the reply being written")
+
+
+class _CtrlC:
+    """While a reply streams, SIGINT only raises a flag that the loop reads between engine steps."""
+
+    def __enter__(self) -> _CtrlC:
+        self.pressed, self.previous = False, None
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._note)
+        except ValueError:  # not the main thread: Ctrl-C keeps its default meaning
+            pass
+        return self
+
+    def _note(self, *_: object) -> None:
+        self.pressed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+class ChatSession:
+    def __init__(self, llm: Any, params: SamplingParams, template: str | None, name: str) -> None:
+        self.llm, self.params, self.template, self.name = llm, params, template, name
+        self.tok = llm.tokenizer
+        self.max_len = llm.engine.spec.max_model_len
+        self.messages: list[dict] = []
+
+    def run(self) -> int:
+        say(f"chatting with {self.name} ({self.max_len}-token context, replies of up to {self.params.max_tokens} "
+            "tokens)\n/exit or Ctrl-D quits, /clear starts over, Ctrl-C stops a reply, /? lists the commands")
+        while True:
+            try:
+                line = input("you> ").strip()
+            except EOFError:
+                print(flush=True)
+                return 0
+            except KeyboardInterrupt:
+                say("\n(/exit or Ctrl-D quits)")
+                continue
+            if line.lower() in QUIT:
+                return 0
+            if line in ("/clear", "/reset"):
+                self.messages.clear()
+                say("(conversation cleared)")
+            elif line in ("/?", "/help"):
+                say(HELP)
+            elif line.startswith("/"):
+                say(f"(unknown command {line.split()[0]}; /? lists the commands)")
+            elif line:
+                self.turn(line)
+
+    def turn(self, line: str) -> None:
+        self.messages.append({"role": "user", "content": line})
+        fitted = self.fit()
+        if fitted is None:
+            self.messages.pop()
+            return
+        reply, finish = self.stream(*fitted)
+        if finish == "error" or (finish == "abort" and not reply):
+            self.messages.pop()  # nothing was answered: the message is not part of the conversation
+        else:
+            self.messages.append({"role": "assistant", "content": reply})
+
+    def prompt_ids(self) -> list[int]:
+        text = render_chat(self.tok, self.messages, self.template, add_generation_prompt=True)
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def fit(self) -> tuple[list[int], SamplingParams] | None:
+        """The prompt and the sampling params for the newest message, the oldest turns dropped as needed."""
+        ids, params, dropped = self.prompt_ids(), self.params, 0
+        while len(ids) + params.max_tokens > self.max_len:
+            first = 1 if self.messages[0]["role"] == "system" else 0
+            if len(self.messages) - first <= 1:  # only the newest message left: a shorter reply, or none
+                room = self.max_len - len(ids)
+                if room < 1:
+                    say(f"(this message is {len(ids)} tokens with the chat template; the context holds "
+                        f"{self.max_len}: not sent)")
+                    return None
+                say(f"(the reply is capped at {room} tokens to fit the {self.max_len}-token context)")
+                params = dataclasses.replace(params, max_tokens=room)
+                break
+            del self.messages[first]  # a user turn, then its reply, ...
+            dropped += 1
+            while len(self.messages) - first > 1 and self.messages[first]["role"] != "user":
+                del self.messages[first]
+                dropped += 1
+            ids = self.prompt_ids()
+        if dropped:
+            say(f"(context full: dropped the {dropped} oldest messages to fit {self.max_len} tokens)")
+        try:
+            self.llm.engine.validate_request(ids, params)  # e.g. a KV cache smaller than max_model_len
+        except ValueError as e:
+            say(f"(not sent: {e})")
+            return None
+        return ids, params
+
+    def stream(self, ids: list[int], params: SamplingParams) -> tuple[str, str]:
+        """Stream one reply; (its text, its finish reason: "abort" when Ctrl-C stopped it)."""
+        rid = self.llm.add_request(ids, params)
+        detok, shown = IncrementalDetokenizer.for_request(self.tok, ids, params), ""
+        print("assistant> ", end="", flush=True)
+        with _CtrlC() as ctrl_c:
+            while not (finished := self.llm.step()):  # one request: the step that finishes it returns it
+                detok.add(self.llm.engine.requests[rid].output_token_ids[detok.num_fed:])
+                shown += (piece := detok.stream())
+                print(piece, end="", flush=True)
+                if ctrl_c.pressed:
+                    self.llm.abort_request(rid)
+                    say(" [stopped]")
+                    return shown, "abort"
+        out = finished[0]
+        if out.finish_reason == "error":
+            say(f"\n(the engine failed this reply: {out.error})")
+            return "", "error"
+        say(out.text[len(shown):])  # the engine's text: `shown` is a prefix of it
+        return out.text, out.finish_reason or "stop"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)

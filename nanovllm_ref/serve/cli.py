@@ -88,7 +88,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from ..engine.detokenizer import IncrementalDetokenizer
     from ..llm import LLM
     from .chat_template import read_chat_template
 
@@ -103,11 +102,10 @@ def _chat(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": line})
             text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
             ids, params = tok.encode(text, add_special_tokens=False), _sampling(args)
-            rid, detok, shown = llm.add_request(ids, params), IncrementalDetokenizer.for_request(tok, ids, params), ""
+            rid, shown = llm.add_request(ids, params), ""
             print("assistant> ", end="", flush=True)
             while not (finished := llm.step()):  # one request: the step that finishes it returns it
-                detok.add(llm.engine.requests[rid].output_token_ids[detok.num_fed:])
-                shown += (piece := detok.stream())
+                shown += (piece := llm.engine.new_text(llm.engine.requests[rid]))
                 print(piece, end="", flush=True)
             print(finished[0].text[len(shown):], flush=True)  # the engine's text: `shown` is a prefix of it
             messages.append({"role": "assistant", "content": finished[0].text})

@@ -40,6 +40,7 @@ class Choice:
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's field: the stop string or stop token id (None: EOS, length)
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served
     sent_tokens: int = 0  # tokens already shown in a stream chunk
@@ -59,6 +60,7 @@ class Choice:
         out = item.outputs[self.sample]
         self.token_ids, self.logprobs = list(out.token_ids), out.logprobs
         self.num_cached_tokens, self.finish_reason = item.num_cached_tokens, out.finish_reason
+        self.stop_reason = out.stop_reason
         if out.finish_reason == "error":
             self.error = out.error or item.error or "the engine failed this request"
         if out.text.startswith(self.text):  # the engine's pieces are prefixes of its final text: always so

@@ -20,8 +20,21 @@ vllm/v1/core/sched/utils.py ``check_stop``), computed here on its own with the r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+
+def checkpoint_eos(path: str) -> set[int]:
+    """The EOS ids of a checkpoint: config.json's and generation_config.json's ``eos_token_id``."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = Path(path) / name
+        if f.is_file():
+            e = json.loads(f.read_text()).get("eos_token_id")
+            ids.update([e] if isinstance(e, int) else (e or []))
+    return ids
 
 
 @dataclass(frozen=True)
@@ -57,11 +70,11 @@ class ExpectedText:
 class ReferenceText:
     """The reference tokenizer of a checkpoint and the request semantics above."""
 
-    def __init__(self, model_path: str, eos_ids: set[int]) -> None:
+    def __init__(self, model_path: str) -> None:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(model_path)
-        self.eos_ids, self.primary_eos = set(eos_ids), self.tok.eos_token_id
+        self.eos_ids, self.primary_eos = checkpoint_eos(model_path), self.tok.eos_token_id
         self.added = {i: t.content for i, t in self.tok.added_tokens_decoder.items()}
 
     def decode(self, ids: list[int], skip: bool) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from golden import make_tokenizers
 from golden.load import CHECKPOINTS_DIR
 
 EOS = "<|endoftext|>"
@@ -51,6 +52,8 @@ class CheckpointSpec:
     # with them (None: as trained); factor on the attention scores (query scale)
     residual_rms: float | None = None
     score_scale: float = 1.0
+    tokenizer: str = "bpe"  # "bpe" (the shared byte-level BPE), "words" or "spm" (golden/make_tokenizers.py)
+    random_logit_std: float | None = None  # set: random weights, not trained, lm_head scaled to this logit std
 
 
 def _arch(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, tied: bool, theta: float, **kw) -> dict:
@@ -108,6 +111,12 @@ SPECS: list[CheckpointSpec] = [
     CheckpointSpec("qwen3-moe-unnorm-hd32", "qwen3_moe", _arch(64, 192, 2, 4, 2, False, 4e5, head_dim=32,
                    attention_bias=True, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
                    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]), seed=16),
+    # Other tokenizer kinds, where text policies differ (golden/make_tokenizers.py): random weights (what these test
+    # is text, not the arithmetic), the logits scaled to a std of 4 so that next-token distributions are peaked.
+    CheckpointSpec("qwen3-words-hd32", "qwen3", _arch(64, 128, 2, 2, 1, False, 1e6, head_dim=32), seed=21,
+                   tokenizer="words", random_logit_std=4.0),
+    CheckpointSpec("llama-spm-hd32", "llama", _arch(64, 128, 2, 2, 1, False, 1e4, head_dim=32), seed=22,
+                   tokenizer="spm", random_logit_std=4.0),
 ]
 
 
@@ -203,7 +212,7 @@ def save_tokenizer(tok, folder: Path) -> None:
     _write_json(folder / "special_tokens_map.json", {"bos_token": EOS, "eos_token": EOS, "pad_token": EOS})
 
 
-def build_config(spec: CheckpointSpec):
+def build_config(spec: CheckpointSpec, eos: int = EOS_ID, bos: int = EOS_ID):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     kwargs = dict(spec.config)
@@ -214,9 +223,9 @@ def build_config(spec: CheckpointSpec):
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
         rope_parameters=rope,
-        bos_token_id=EOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=eos,
         hidden_act="silu",
         initializer_range=0.02,
         use_cache=True,
@@ -327,6 +336,22 @@ def hidden_state_rms(model, ids: torch.Tensor) -> list[float]:
     return [float(h[0].double().pow(2).mean(-1).sqrt().median()) for h in states]
 
 
+@torch.no_grad()
+def random_model(spec: CheckpointSpec, tok, eos: int, bos: int):
+    """A model of random weights (transformers' initialization, seeded) whose lm_head is scaled so that the logits
+    on the first training window have std ``spec.random_logit_std``; returns (model, stats dict)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(build_config(spec, eos, bos), attn_implementation="sdpa",
+                                             dtype=torch.float32).eval()
+    ids = torch.tensor(tok.encode(read_text(prompt_source_files()[0])).ids[: spec.seq_len])
+    scale = spec.random_logit_std / float(model(input_ids=ids[None]).logits.std())
+    model.get_output_embeddings().weight.mul_(scale)
+    return model, {"random_init": True, "seed": spec.seed, "lm_head_scale": scale,
+                   "logit_std": spec.random_logit_std, "num_parameters": sum(p.numel() for p in model.parameters())}
+
+
 def save_checkpoint(model, tok, spec: CheckpointSpec, stats: dict) -> Path:
     folder = CHECKPOINTS_DIR / spec.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -346,14 +371,17 @@ def save_checkpoint(model, tok, spec: CheckpointSpec, stats: dict) -> Path:
     _write_json(
         folder / "generation_config.json",
         {
-            "bos_token_id": EOS_ID,
-            "eos_token_id": EOS_ID,
-            "pad_token_id": EOS_ID,
+            "bos_token_id": cfg["bos_token_id"],
+            "eos_token_id": cfg["eos_token_id"],
+            "pad_token_id": cfg["pad_token_id"],
             "do_sample": False,
             "transformers_version": cfg.get("transformers_version", ""),
         },
     )
-    save_tokenizer(tok, folder)
+    if spec.tokenizer == "bpe":
+        save_tokenizer(tok, folder)
+    else:
+        make_tokenizers.save(spec.tokenizer, tok, folder)
     _write_json(folder / "train_stats.json", stats)
     return folder
 
@@ -390,6 +418,12 @@ def main(names: list[str] | None = None) -> None:
     )
     for spec in SPECS:
         if names and spec.name not in names:
+            continue
+        if spec.random_logit_std is not None:
+            other = make_tokenizers.train(spec.tokenizer, VOCAB_SIZE)
+            model, stats = random_model(spec, other, *make_tokenizers.special_ids(spec.tokenizer, other))
+            stats["tokenizer_text"] = {"files": len(corpus_files()), "glob": "<stdlib>/*.py", "kind": spec.tokenizer}
+            print(f"saved {save_checkpoint(model, other, spec, stats)}: random weights, {spec.tokenizer} tokenizer")
             continue
         model, stats = train_model(spec, train_ids, eval_ids)
         finish_stats(model, spec, stats, train_ids)

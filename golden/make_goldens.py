@@ -53,16 +53,22 @@ PLAIN_PROMPTS = [
 
 
 def build_prompts(tokenizer) -> list[dict]:
-    """The fixed prompt set: dicts with ``name``, ``ids`` and a ``note``."""
+    """The fixed prompt set in ``tokenizer``'s ids: dicts with ``name``, ``ids`` and a ``note`` (the same names,
+    lengths and offsets into the tokenized text for every tokenizer)."""
     text = "\n".join(read_text(p) for p in prompt_source_files())
     stream = tokenizer(text, verbose=False)["input_ids"]
-    assert EOS_ID not in stream
+    eos = tokenizer.eos_token_id
+    assert eos not in stream
     prompts = [
         {"name": n, "ids": stream[o : o + n_tok], "note": f"stream[{o}:{o + n_tok}]"} for n, n_tok, o in PLAIN_PROMPTS
     ]
     base, s = stream[30011 : 30011 + 48], 30011
     prompts.append({"name": "shared48_prefix", "ids": base, "note": "the shared 48-token prefix itself"})
+    firsts: set[int] = set()
     for name, start, n_suffix in (("shared48_a", s + 48, 5), ("shared48_b", 33000, 17), ("shared48_c", 36000, 30)):
+        while stream[start] in firsts:  # (a tokenizer with a token as common as an indent: the next one)
+            start += 1
+        firsts.add(stream[start])
         prompts.append(
             {
                 "name": name,
@@ -76,7 +82,7 @@ def build_prompts(tokenizer) -> list[dict]:
     prompts.append({"name": "prefix_of_next", "ids": stream[r : r + 40], "note": f"stream[{r}:{r + 40}]"})
     prompts.append({"name": "extends_prev", "ids": stream[r : r + 100], "note": f"stream[{r}:{r + 100}]"})
     for p in prompts:
-        assert p["ids"] and EOS_ID not in p["ids"], p["name"]
+        assert p["ids"] and eos not in p["ids"], p["name"]
     return prompts
 
 
@@ -248,10 +254,11 @@ def main(names: list[str] | None = None) -> None:
             old.unlink()
     kept = json.loads(MANIFEST_PATH.read_text())["checkpoints"] if names else {}
     names = names or list_checkpoints()
-    prompts = build_prompts(AutoTokenizer.from_pretrained(checkpoint_path(names[0])))
-    ids = [p["ids"] for p in prompts]
-    report: dict = {"checkpoints": {k: v for k, v in kept.items() if k not in names}, "prompts": prompts}
+    report: dict = {"checkpoints": {k: v for k, v in kept.items() if k not in names}}
     for name in names:
+        prompts = build_prompts(AutoTokenizer.from_pretrained(checkpoint_path(name)))  # in the checkpoint's own ids
+        ids = [p["ids"] for p in prompts]
+        report.setdefault("prompts", prompts)  # (names and lengths: the same for every tokenizer)
         entry = json.loads((Path(checkpoint_path(name)) / "config.json").read_text())
         train = json.loads((Path(checkpoint_path(name)) / "train_stats.json").read_text())
         keys = (

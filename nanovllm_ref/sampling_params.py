@@ -2,10 +2,10 @@
 
 Field names, defaults and semantics follow vLLM's `SamplingParams` so users can switch without surprises
 (temperature 0 means greedy; top_k -1 or 0 disables top-k; penalties, min_p, min_tokens, logit_bias, stop
-strings, skip_special_tokens and n as in vLLM / the OpenAI API). `logprobs_mode` is vLLM's engine-level
-setting, per request here. What depends on the model (token ids < vocab size, top_k <= vocab size, stop
-strings need a tokenizer: `check_model_limits`) is checked first when the request is added
-(LLMEngine.validate_request). Every message names the field and its limit.
+strings, skip_special_tokens, spaces_between_special_tokens and n as in vLLM / the OpenAI API; the text policy:
+engine/detokenizer.py). `logprobs_mode` is vLLM's engine-level setting, per request here. What depends on the
+model (token ids < vocab size, top_k <= vocab size, stop strings need a tokenizer: `check_model_limits`) is
+checked first when the request is added (LLMEngine.validate_request). Every message names the field and its limit.
 References: vLLM vllm/sampling_params.py; OpenAI API reference (presence/frequency penalties, logit_bias).
 """
 
@@ -67,6 +67,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # in the output text (the token ids always have every token)
+    spaces_between_special_tokens: bool = True  # false: no space between two added tokens (special ones kept)
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -87,7 +88,8 @@ class SamplingParams:
         check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1, none_ok=True)
         check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
         check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
-        check_bools(self, "ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+        check_bools(self, "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                    "spaces_between_special_tokens")
         stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")

@@ -1,14 +1,35 @@
-"""Incremental detokenization and stop strings (pure Python over a transformers tokenizer).
+"""Detokenization and stop strings: one IncrementalDetokenizer per sequence, for every request (vLLM's policy).
 
-Text grows token by token by decoding a short window (vLLM's `detokenize_incrementally` idea): the text of
-tokens[prefix:read] is known; the new text is what decoding tokens[prefix:] adds to it, kept back while it ends
-in U+FFFD (a multi-byte character whose bytes are not all there yet), so no character is ever split. Stop
-strings are searched in the text that the new piece may complete (a stop string may span tokens); the text is
-cut before the stop string (after it with include_stop_str_in_output). `stream()` hands out text that can no
-longer be cut, holding back the last len(longest stop) - 1 characters until the request finishes, so the
-streamed pieces always concatenate to the final text. The engine keeps one per sequence with stop strings; the
-server keeps one per streamed choice (`for_request`: the same text as the engine's), fed without the stop check
-(the engine ends the request at its stop string). Reference: vLLM vllm/transformers_utils/detokenizer_utils.py.
+The text policy (vLLM v1: vllm/v1/engine/detokenizer.py, vllm/transformers_utils/detokenizer_utils.py):
+
+- The text of a sequence is the text its output tokens add to its prompt's: decoding is primed with a suffix of
+  the prompt (the shortest of 4 to 23 tokens that decodes without U+FFFD, else the whole prompt, as vLLM primes
+  its DecodeStream), so a tokenizer whose decoding depends on the left (a word-level decoder joining tokens with
+  spaces, SentencePiece's "▁" word starts) gives every request of that prompt the same text, whatever its other
+  options (stop strings, streaming, n). The decoder is the tokenizer's own (tokenizers' `Tokenizer.decode`;
+  transformers' `clean_up_tokenization_spaces` is not applied, as in vLLM's fast detokenizer).
+- `skip_special_tokens` drops special tokens from the text (the token ids keep every token). With special tokens
+  kept and `spaces_between_special_tokens` false, an added token right after another added token contributes its
+  bare content (no space a joining decoder would put between them).
+- Text grows token by token; while the decoding of the newest tokens ends in U+FFFD (a multi-byte character
+  whose bytes are not all there) nothing is added, so the text never ends inside a character, and a character
+  left incomplete when the sequence ends is not in the text (vLLM never flushes it). Where the decoding of the
+  newest tokens no longer starts with the text already given for them (byte-fallback tokens whose run turns out
+  invalid: the decoder then replaces the whole run, given part included), decoding starts over from the new token
+  alone (tokenizers' DecodeStream refuses the step; vLLM starts a new stream).
+- A sequence that ends on a stop token (EOS or one of `stop_token_ids`) has that token's text left out unless
+  `include_stop_str_in_output`.
+- Stop strings are searched once more than `min_tokens` tokens were generated, in the new text and the
+  len(stop) - 1 characters before it (a stop string may span tokens, and begin in the text of the first
+  min_tokens tokens); the one that starts earliest wins (vLLM takes the first in list order that occurs, which
+  can leave an earlier stop string in the text); the text is cut before it (after it with
+  `include_stop_str_in_output`).
+- `stream()` hands out text that can no longer change: while the sequence runs and stop strings are cut from
+  the text, all but the last len(longest stop) - 1 characters; everything once it ended. The pieces concatenate
+  to the final text and never end inside a character.
+
+The engine feeds a sequence with stop strings every step (its stop check ends it); others when their text is read
+(streamed: each step; otherwise once, when the request ends): the same incremental function of the tokens.
 """
 
 from __future__ import annotations
@@ -17,53 +38,112 @@ from typing import Any
 
 from ..sampling_params import SamplingParams
 
-_CONTEXT = 5  # prompt tokens decoded before the output, for tokenizers whose decoding depends on the left
+_MIN_CONTEXT, _MAX_CONTEXT = 4, 23  # prompt tokens decoded before the output (vLLM's DecodeStream priming)
+_INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, when decoding is not monotonic
+
+
+def prompt_context(decode: Any, prompt_ids: list[int]) -> list[int]:
+    """The prompt suffix that primes decoding: the shortest of 4..23 tokens decoding without U+FFFD, else all."""
+    if len(prompt_ids) > _MIN_CONTEXT:
+        for n in range(_MIN_CONTEXT, min(len(prompt_ids), _MAX_CONTEXT) + 1):
+            if "\ufffd" not in decode(prompt_ids[-n:]):
+                return list(prompt_ids[-n:])
+    return list(prompt_ids)
+
+
+class _WindowStream:
+    """DecodeStream's algorithm over a tokenizer's `decode` (tokenizers without a Rust backend): the text of
+    tokens[prefix:read] is known; a token adds what decoding tokens[prefix:] adds to it, once that does not end
+    in U+FFFD (vLLM's `detokenize_incrementally`)."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.tokens: list[int] = []
+        self.prefix = self.read = 0
+
+    def step(self, _tokenizer: Any, token: int) -> str | None:
+        self.tokens.append(token)
+        known = self.tokenizer.decode(self.tokens[self.prefix : self.read], skip_special_tokens=self.skip)
+        full = self.tokenizer.decode(self.tokens[self.prefix :], skip_special_tokens=self.skip)
+        if len(full) <= len(known) or full.endswith("\ufffd"):
+            return None
+        if not full.startswith(known):
+            raise ValueError(f"{_INVALID_PREFIX}: {known!r} is not a prefix of {full!r}")
+        self.prefix, self.read = self.read, len(self.tokens)
+        return full[len(known) :]
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True) -> None:
-        self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop_str_in_output
-        self.skip_special_tokens = skip_special_tokens
-        self.tokens = list(prompt_ids[-_CONTEXT:])
-        self.prefix_offset, self.read_offset = 0, len(self.tokens)
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.stop, self.min_tokens = params.stop, params.min_tokens
+        self.include_stop = params.include_stop_str_in_output
+        self.skip_special = params.skip_special_tokens
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer of a fast tokenizer
+        self.tokenizer = tokenizer
+        self.added: dict[int, str] = {}  # added token id -> content, where no space may come between two of them
+        if not (params.skip_special_tokens or params.spaces_between_special_tokens):
+            self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        self.last_added = False
+        self.stream_state = self._new_stream()
+        for token in prompt_context(self._decode, prompt_ids):
+            self._step(token)
         self.num_fed = 0  # output tokens fed
         self.text = ""
-        self.hold = max(map(len, stop), default=1) - 1
+        self.hold = max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
         self.streamed = 0
-        self.stopped = False
-
-    @classmethod
-    def for_request(cls, tokenizer: Any, prompt_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
-        """The detokenizer whose text is the engine's output text for `params`: with stop strings decoded with the
-        prompt's last tokens as context (as vLLM); without, from the output alone (as the engine's whole decode)."""
-        return cls(tokenizer, prompt_ids if params.stop else [], params.stop, params.include_stop_str_in_output,
-                   params.skip_special_tokens)
+        self.stopped = False  # a stop string ended the text
+        self.finished = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if self.tokenizer else ""
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def add(self, token_ids: list[int], check_stop: bool = True) -> str | None:
-        """Feed output tokens; returns the stop string that ended the text (nothing is added after it), or None."""
-        for token in token_ids:
-            if self.stopped:
-                return None
+    def _new_stream(self) -> Any:
+        if self.backend is None:
+            return _WindowStream(self.tokenizer, self.skip_special)
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(skip_special_tokens=self.skip_special)
+
+    def _step(self, token: int) -> str:
+        try:
+            piece = self.stream_state.step(self.backend, token)
+        except Exception as e:  # a decoding that is not monotonic: start over from this token (as vLLM)
+            if not str(e).startswith(_INVALID_PREFIX):
+                raise
+            self.stream_state = self._new_stream()
+            piece = self.stream_state.step(self.backend, token)
+        return piece or ""
+
+    def _next_piece(self, token: int) -> str:
+        piece = self._step(token)
+        if self.added:
+            content = self.added.get(token)
+            if content is not None and self.last_added:
+                piece = content
+            self.last_added = content is not None
+        return piece
+
+    def add(self, token_ids: list[int], stop_terminated: bool = False) -> str | None:
+        """Feed output tokens (`stop_terminated`: the last one is the stop token that ended the sequence); returns
+        the stop string that ended the text (nothing is added after it), or None."""
+        if self.stopped or self.finished or not token_ids:
+            return None
+        skipped = stop_terminated and not self.include_stop
+        start = len(self.text)
+        for token in token_ids[:-1] if skipped else token_ids:
             self.num_fed += 1
-            self.tokens.append(token)
-            known = self._decode(self.tokens[self.prefix_offset : self.read_offset])
-            full = self._decode(self.tokens[self.prefix_offset :])
-            if len(full) <= len(known) or full.endswith("\ufffd"):
-                continue  # nothing new, or a character still incomplete: wait for the next token
-            search_from = max(0, len(self.text) - self.hold)
-            self.text += full[len(known) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
-            found = self._find_stop(search_from) if check_stop else None
-            if found is not None:
-                return found
+            self.text += self._next_piece(token)
+            if self.num_fed <= self.min_tokens:
+                start = len(self.text)  # text of the first min_tokens tokens is never a stop string's end
+        self.num_fed += skipped
+        if self.stop and self.num_fed > self.min_tokens and len(self.text) > start:
+            return self._find_stop(start)
         return None
 
-    def _find_stop(self, start: int) -> str | None:
-        hits = [(at, s) for s in self.stop if (at := self.text.find(s, start)) >= 0]
+    def _find_stop(self, new_from: int) -> str | None:
+        hits = [(at, s) for s in self.stop if (at := self.text.find(s, max(0, new_from - len(s) + 1))) >= 0]
         if not hits:
             return None
         at, s = min(hits)  # the earliest stop string in the text wins
@@ -72,16 +152,12 @@ class IncrementalDetokenizer:
         return s
 
     def finish(self) -> str:
-        """The final text: what a trailing incomplete character decodes to is added (unless a stop string cut it)."""
-        if not self.stopped and self.read_offset < len(self.tokens):
-            known = self._decode(self.tokens[self.prefix_offset : self.read_offset])
-            self.text += self._decode(self.tokens[self.prefix_offset :])[len(known) :]
-            self.read_offset = len(self.tokens)
-        self.stopped = True
+        """The sequence ended: the final text (stream() then hands out the rest)."""
+        self.finished = True
         return self.text
 
     def stream(self) -> str:
-        """The next piece of text that is final (all of it once finished or stopped)."""
-        end = len(self.text) if self.stopped else max(self.streamed, len(self.text) - self.hold)
+        """The next piece of text that can no longer change (all the rest once finished or stopped)."""
+        end = len(self.text) if self.stopped or self.finished else max(self.streamed, len(self.text) - self.hold)
         piece, self.streamed = self.text[self.streamed : end], end
         return piece

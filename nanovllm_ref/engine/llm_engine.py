@@ -28,7 +28,7 @@ from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence
+from .sequence import PENDING, Sequence
 from .workers import WorkersFailed
 
 
@@ -54,6 +54,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else (
             self.spec.device == "cuda")
+        self.primary_eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        if self.primary_eos is None:
+            eos = getattr(self.hf_config, "eos_token_id", None)
+            self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
         if config.tensor_parallel_size > 1:
             from .workers import TPExecutor
@@ -136,8 +140,9 @@ class LLMEngine:
         for i in range(params.n):
             seed = (base + i + 2**63) % 2**64 - 2**63  # 64-bit seeds (signed or not) as the sampler's int64
             seq = Sequence(request_id, token_ids, params, seed)
+            if self.tokenizer is not None:  # every request's text, through one detokenizer per sample
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
             if params.stop:
-                seq.detokenizer = IncrementalDetokenizer.for_request(self.tokenizer, token_ids, params)
                 self._with_stop_strings[seq.seq_id] = seq
             if seqs:
                 seq.prefill_after, seq.group = seqs[0], seqs
@@ -268,10 +273,7 @@ class LLMEngine:
         """Feed the new tokens of requests with stop strings to their detokenizers; finish those that stopped."""
         stopped = []
         for seq in list(self._with_stop_strings.values()):
-            detok = seq.detokenizer
-            if detok.stopped or seq.num_output_tokens == detok.num_fed:
-                continue
-            found = detok.add(seq.output_token_ids[detok.num_fed :], seq.num_output_tokens >= seq.params.min_tokens)
+            found = self._feed(seq)
             if found is None:
                 continue
             if not seq.is_finished:
@@ -300,9 +302,10 @@ class LLMEngine:
             del self._by_seq_id[s.seq_id]
             self._with_stop_strings.pop(s.seq_id, None)
             tokens = s.output_token_ids
-            if s.stop_reason is None and s.finish_reason == "stop" and tokens and tokens[-1] in s.params.stop_token_ids:
+            text = self._text(s)
+            if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):
                 s.stop_reason = tokens[-1]
-            samples.append(CompletionOutput(i, tokens, self._text(s), s.finish_reason, s.stop_reason, s.logprobs,
+            samples.append(CompletionOutput(i, tokens, text, s.finish_reason, s.stop_reason, s.logprobs,
                                             s.error))
         first, lead = samples[0], group[0]
         return RequestOutput(
@@ -313,13 +316,40 @@ class LLMEngine:
             outputs=samples,
         )
 
-    def _text(self, seq: Sequence) -> str:
-        if seq.detokenizer is not None:
-            seq.detokenizer.add(seq.output_token_ids[seq.detokenizer.num_fed :], check_stop=False)
-            return seq.detokenizer.finish()
-        if self.tokenizer is None:
+    @staticmethod
+    def _feed(seq: Sequence) -> str | None:
+        """Feed the sequence's detokenizer the tokens it has not seen (known ones only); returns the stop string
+        that ended its text, if one did."""
+        detok = seq.detokenizer
+        if detok is None or detok.num_fed == seq.num_output_tokens:
+            return None
+        tokens = seq.output_token_ids[detok.num_fed :]
+        if PENDING in tokens:  # a token of a step in flight (async scheduling): fed once known
+            tokens = tokens[: tokens.index(PENDING)]
+        on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None
+        return detok.add(tokens, stop_terminated=on_stop_token)
+
+    def new_text(self, seq: Sequence) -> str:
+        """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
+        the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
+        one `step` just returned."""
+        if seq.detokenizer is None:
             return ""
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        self._feed(seq)
+        if seq.is_finished:
+            seq.detokenizer.finish()
+        return seq.detokenizer.stream()
+
+    def _text(self, seq: Sequence) -> str:
+        if seq.detokenizer is None:  # no tokenizer: no text (token ids only), as vLLM
+            return ""
+        self._feed(seq)
+        return seq.detokenizer.finish()
+
+    def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:
+        """Whether ending on `token` reports it as the stop reason: a stop token id, or an EOS id other than the
+        tokenizer's (vLLM adds generation_config's other EOS ids to stop_token_ids); its own EOS reports None."""
+        return token in seq.params.stop_token_ids if seq.params.ignore_eos else token != self.primary_eos
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""

@@ -11,7 +11,9 @@ and ``sglang`` (their offline engines, external_adapters.py), and servers by URL
 ``openai:URL`` and ``trtllm:URL`` (openai_adapter.py), ``tgi:URL``, ``sglang:URL``, ``ollama:URL``
 (server_adapters.py), each checking that the server runs ``--model`` in ``--dtype`` (served.py).
 An adapter without logprobs says ``returns_logprobs = False`` (the policy's tokens-only mode), one without
-prompt logprobs ``returns_prompt_logprobs = False``.
+prompt logprobs ``returns_prompt_logprobs = False``. Optional capabilities beyond ``generate``: ``run_requests``
+(requests with their own settings; completions with text, finish and stop reasons) and ``stream_requests`` (the
+same, streamed), oracle/requests.py; the cases that need one skip, with the reason, on an adapter without it.
 Third-party engines plug in as ``"pkg.module:factory"``, a callable taking ``(model_path, dtype)`` and
 returning an :class:`EngineAdapter`; or add a name to :data:`ADAPTERS`.
 """
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from .compare import EngineOutput
-from .requests import Completion, RequestSpec, UnsupportedSetting
+from .requests import Completion, RequestSpec, StreamedCompletion, UnsupportedSetting
 
 # name -> "module:factory"; the factory is called with (model_path, dtype, **kwargs).
 ADAPTERS: dict[str, str] = {
@@ -89,8 +91,8 @@ class NanovllmRefAdapter:
         return [EngineOutput(list(o.token_ids), list(o.logprobs or []), o.prompt_logprobs, o.num_cached_tokens)
                 for o in outs]
 
-    def run_requests(self, requests: list[RequestSpec]) -> list[list[Completion]]:
-        """Requests with their own settings, all submitted together (see oracle/requests.py)."""
+    @staticmethod
+    def _params(requests: list[RequestSpec]) -> list[Any]:
         import dataclasses
 
         from nanovllm_ref import SamplingParams
@@ -102,14 +104,36 @@ class NanovllmRefAdapter:
             if unknown:
                 raise UnsupportedSetting(f"nanovllm_ref's SamplingParams has no {unknown}")
             params.append(SamplingParams(**r.params))
-        outs = self.llm.generate([list(r.prompt) for r in requests], params, use_tqdm=False)
-        results = []
-        for o in outs:
-            if o.error is not None:
-                raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
-            results.append([Completion(list(c.token_ids), c.finish_reason, c.logprobs, o.prompt_logprobs,
-                                       o.num_cached_tokens, c.text) for c in o.outputs])
-        return results
+        return params
+
+    @staticmethod
+    def _completions(o: Any) -> list[Completion]:
+        if o.error is not None:
+            raise RuntimeError(f"nanovllm_ref request {o.request_id} failed: {o.error}")
+        return [Completion(list(c.token_ids), c.finish_reason, c.logprobs, o.prompt_logprobs, o.num_cached_tokens,
+                           c.text, c.stop_reason) for c in o.outputs]
+
+    def run_requests(self, requests: list[RequestSpec]) -> list[list[Completion]]:
+        """Requests with their own settings, all submitted together (see oracle/requests.py)."""
+        outs = self.llm.generate([list(r.prompt) for r in requests], self._params(requests), use_tqdm=False)
+        return [self._completions(o) for o in outs]
+
+    def stream_requests(self, requests: list[RequestSpec]) -> list[list[StreamedCompletion]]:
+        """The requests added together, then stepped; after each step, each sample's new text
+        (``LLMEngine.new_text``, what the server streams) is one piece."""
+        engine, params = self.llm.engine, self._params(requests)
+        rids = [self.llm.add_request(list(r.prompt), p) for r, p in zip(requests, params)]
+        samples = {rid: engine.requests[rid].group or [engine.requests[rid]] for rid in rids}
+        pieces: dict[str, list[list[str]]] = {rid: [[] for _ in seqs] for rid, seqs in samples.items()}
+        done: dict[str, Any] = {}
+        while self.llm.has_unfinished():
+            finished = self.llm.step()
+            for rid, seqs in samples.items():
+                for i, seq in enumerate(seqs if rid not in done else ()):
+                    if piece := engine.new_text(seq):
+                        pieces[rid][i].append(piece)
+            done.update((o.request_id, o) for o in finished)
+        return [[StreamedCompletion(c, p) for c, p in zip(self._completions(done[rid]), pieces[rid])] for rid in rids]
 
     def observe_schedule(self, callback: Callable[[Any], None] | None) -> None:
         """Call ``callback(ScheduleDecision)`` after every scheduling step (None: stop); see

@@ -147,7 +147,37 @@ class VLLMAdapter:
         return [[Completion(list(c.token_ids), c.finish_reason,
                             None if c.logprobs is None else [_step_dict(step) for step in c.logprobs],
                             None if o.prompt_logprobs is None else [_step_dict(p) for p in o.prompt_logprobs],
-                            getattr(o, "num_cached_tokens", None), c.text) for c in o.outputs] for o in outs]
+                            getattr(o, "num_cached_tokens", None), c.text, c.stop_reason) for c in o.outputs]
+                for o in outs]
+
+    def stream_requests(self, requests: list) -> list:
+        """The requests streamed through vLLM's LLMEngine (``output_kind=RequestOutputKind.DELTA``): each step's
+        outputs carry each completion's new tokens and text; the last one its finish and stop reasons."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        from .requests import Completion, StreamedCompletion
+
+        engine = self.llm.llm_engine
+        ids = [f"text-stream-{i}" for i in range(len(requests))]
+        for rid, r in zip(ids, requests):
+            kwargs = {k: v for k, v in r.params.items() if k != "logprobs_mode"}
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(r.prompt)),
+                               SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA))
+        state = {rid: [StreamedCompletion(Completion([], "", text="")) for _ in range(r.params.get("n", 1))]
+                 for rid, r in zip(ids, requests)}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                for c in out.outputs:
+                    s = state[out.request_id][c.index]
+                    s.completion.token_ids += list(c.token_ids)
+                    if c.text:
+                        s.pieces.append(c.text)
+                        s.completion.text += c.text
+                    if c.finish_reason is not None:
+                        s.completion.finish_reason, s.completion.stop_reason = c.finish_reason, c.stop_reason
+        return [state[rid] for rid in ids]
 
     def close(self) -> None:
         """Shut vLLM's engine down now (its engine-core process and memory), not at interpreter exit."""

@@ -33,7 +33,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .compare import EngineOutput
-from .served import ServedFacts, ServerMismatch, TokenTexts, check_served, http_json, normalize_dtype, try_json
+from .requests import UNREPORTED
+from .served import (
+    ServedFacts,
+    ServerMismatch,
+    TokenTexts,
+    check_served,
+    http_json,
+    http_sse,
+    normalize_dtype,
+    try_json,
+)
 
 MAX_IN_FLIGHT = 32
 MAX_N_PER_REQUEST = 64  # nanovllm_ref's server limit; OpenAI's API allows 128
@@ -172,9 +182,40 @@ class OpenAIAdapter:
                     plp = [None if d is None else {int(k.split(":")[-1]): _value(v) for k, v in d.items()}
                            for d in plp]
                 completions.append(Completion(list(tokens), choice.get("finish_reason"),
-                                              steps if want_logprobs else None, plp, None, choice.get("text")))
+                                              steps if want_logprobs else None, plp, None, choice.get("text"),
+                                              choice.get("stop_reason", UNREPORTED)))
             results.append(completions)
         return results
+
+    def stream_requests(self, requests: list) -> list:
+        """The requests as /v1/completions streams (``stream: true``, all in flight at once): each chunk's
+        ``text`` is a piece of its choice, token ids from its logprobs ("token_id:N" keys), the choice's last
+        chunk with a finish_reason gives it and ``stop_reason`` (vLLM's; UNREPORTED where a server sends none)."""
+        return in_flight(self._stream_one, requests)
+
+    def _stream_one(self, r: Any) -> list:
+        from .requests import Completion, StreamedCompletion, UnsupportedSetting
+
+        params = dict(r.params)
+        if params.pop("logprobs_mode", "raw_logprobs") != "raw_logprobs":
+            raise UnsupportedSetting("the OpenAI API has no logprobs_mode: its logprobs are raw")
+        if params.get("logit_bias"):
+            params["logit_bias"] = {str(t): b for t, b in params["logit_bias"].items()}
+        payload = {"model": self.model, "prompt": list(r.prompt), "return_tokens_as_token_ids": True, **params,
+                   "logprobs": params.get("logprobs") or 0, "stream": True}
+        out = [StreamedCompletion(Completion([], "", text="")) for _ in range(params.get("n", 1))]
+        for event in http_sse(f"{self.base_url}/completions", payload, self.timeout_s):
+            for choice in event.get("choices") or []:
+                s = out[choice.get("index", 0)]
+                lp = choice.get("logprobs") or {}
+                s.completion.token_ids += choice.get("token_ids") or [_token_id(t) for t in lp.get("tokens") or []]
+                if choice.get("text"):
+                    s.pieces.append(choice["text"])
+                    s.completion.text += choice["text"]
+                if choice.get("finish_reason") is not None:
+                    s.completion.finish_reason = choice["finish_reason"]
+                    s.completion.stop_reason = choice.get("stop_reason", UNREPORTED)
+        return out
 
     def close(self) -> None:
         pass  # the server belongs to whoever started it

@@ -10,6 +10,11 @@ Settings use vLLM's ``SamplingParams`` names (``temperature``, ``top_k``, ``top_
 ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_tokens``, ``logit_bias``, ...), so
 an adapter for vLLM passes them through unchanged. An engine that does not support a setting raises
 :class:`UnsupportedSetting` naming it; the case that needs it is then skipped with that message, never passed.
+
+Text capabilities (optional, conformance/test_text.py): a completion's ``text`` (None: the engine returns none)
+and ``stop_reason`` (:data:`UNREPORTED` unless the engine reports it); ``stream_requests`` (the same requests,
+streamed: each completion with the text pieces in the order the engine sent them). An adapter without one has the
+cases that need it skipped with the reason.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ LogprobDict = dict[int, float]
 
 class UnsupportedSetting(Exception):
     """The engine cannot honour a request setting (the message names it)."""
+
+
+class _Unreported:
+    def __repr__(self) -> str:
+        return "UNREPORTED"
+
+
+UNREPORTED: Any = _Unreported()  # the stop_reason of a completion whose engine does not report one
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ class Completion:
             None when not asked for.
         prompt_logprobs: as in :class:`~nanovllm_ref.oracle.compare.EngineOutput`, or None.
         text: the detokenized output, when the engine has a tokenizer for the checkpoint.
+        stop_reason: what ended a ``"stop"`` (vLLM's field): the stop string, the stop token id, None for EOS
+            (and for ``"length"``); :data:`UNREPORTED` when the engine does not say.
     """
 
     token_ids: list[int]
@@ -53,6 +68,15 @@ class Completion:
     prompt_logprobs: list[LogprobDict | None] | None = None
     num_cached_tokens: int | None = None
     text: str | None = None
+    stop_reason: int | str | None = UNREPORTED
+
+
+@dataclass
+class StreamedCompletion:
+    """One completion of a streamed request: its final state and the text pieces as they arrived."""
+
+    completion: Completion
+    pieces: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -66,3 +90,8 @@ class RequestEngine(Protocol):
 
 def supports_requests(adapter: object) -> bool:
     return callable(getattr(adapter, "run_requests", None))
+
+
+def supports_streaming(adapter: object) -> bool:
+    """Whether the adapter has ``stream_requests(requests) -> list[list[StreamedCompletion]]``."""
+    return callable(getattr(adapter, "stream_requests", None))

@@ -51,6 +51,25 @@ def http_json(url: str, payload: Any = None, timeout_s: float = 600.0, retries: 
             time.sleep(0.2 * (attempt + 1))
 
 
+def http_sse(url: str, payload: Any, timeout_s: float = 600.0) -> list[Any]:
+    """POST JSON to a server-sent-events route; the ``data:`` objects in order, up to ``[DONE]``."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    events = []
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                events.append(json.loads(data))
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url} answered HTTP {e.code}: {e.read()[:800].decode(errors='replace')}") from None
+    return events
+
+
 def try_json(url: str, payload: Any = None, timeout_s: float = 30.0) -> Any | None:
     """:func:`http_json`, or None when the server has no such route (HTTP 404/405)."""
     try:

@@ -98,8 +98,10 @@ def _is_moe(info: dict[str, Any]) -> bool:
 def noise_pool(name: str, info: dict[str, Any]) -> str:
     """Which checkpoints' noise bounds ``name``: a checkpoint rescaled after training (golden/make_checkpoints.py:
     tiny or huge hidden states, sharpened attention) only by its own, since sharp attention makes bf16 eager-vs-sdpa
-    noise several times the others'; then mixture-of-experts checkpoints together, then dense ones together."""
-    if info.get("train", {}).get("post_training"):
+    noise several times the others', and one of random weights (not trained) likewise; then mixture-of-experts
+    checkpoints together, then dense ones together."""
+    train = info.get("train", {})
+    if train.get("post_training") or train.get("random_init"):
         return f"own:{name}"
     return "moe" if _is_moe(info) else "dense"
 

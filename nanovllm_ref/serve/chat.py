@@ -15,7 +15,6 @@ import dataclasses
 import signal
 from typing import Any
 
-from ..engine.detokenizer import IncrementalDetokenizer
 from ..sampling_params import SamplingParams
 from .chat_template import render_chat
 
@@ -122,12 +121,11 @@ class ChatSession:
     def stream(self, ids: list[int], params: SamplingParams) -> tuple[str, str]:
         """Stream one reply; (its text, its finish reason: "abort" when Ctrl-C stopped it)."""
         rid = self.llm.add_request(ids, params)
-        detok, shown = IncrementalDetokenizer.for_request(self.tok, ids, params), ""
+        shown = ""
         print("assistant> ", end="", flush=True)
         with _CtrlC() as ctrl_c:
             while not (finished := self.llm.step()):  # one request: the step that finishes it returns it
-                detok.add(self.llm.engine.requests[rid].output_token_ids[detok.num_fed:])
-                shown += (piece := detok.stream())
+                shown += (piece := self.llm.engine.new_text(self.llm.engine.requests[rid]))  # the one text path
                 print(piece, end="", flush=True)
                 if ctrl_c.pressed:
                     self.llm.abort_request(rid)

@@ -2,9 +2,10 @@
 
 Commands (add, abort) go in through a thread-safe queue and are applied between steps, so an abort lands before
 the next step: a request whose client went away consumes at most the step already running. After each step,
-every unfinished sample (of a request's n) with new tokens gets a `Delta` (its index, tokens and their
-logprobs) on the request's asyncio queue, and a finished request its `RequestOutput` (all n samples; a sample
-that finished earlier gets its last tokens there, after its stop string was applied). An exception that
+every unfinished sample (of a request's n) with new tokens gets a `Delta` (its index, tokens, their logprobs
+and the new text of the engine's detokenizer) on the request's asyncio queue, and a finished request its
+`RequestOutput` (all n samples; a sample that finished earlier gets its last tokens there, after its stop string
+was applied). An exception that
 escapes a step (the engine already fails just the requests of a step that raises) ends the loop: every waiting
 request gets the error and `/health` turns 503.
 
@@ -35,6 +36,7 @@ class Delta:
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
     prompt_logprobs: list[dict[int, float] | None] | None = None  # with the first delta (the prompt is done)
+    text: str = ""  # the sample's new text that can no longer change (LLMEngine.new_text)
 
 
 @dataclass
@@ -179,7 +181,8 @@ class EngineLoop(threading.Thread):
                     continue
                 logprobs = None if seq.logprobs is None else seq.logprobs[sent:seq.num_output_tokens]
                 prompt_logprobs = lead.prompt_logprobs if sent == 0 else None
-                stream.put(Delta(i, seq.output_token_ids[sent:], logprobs, prompt_logprobs))
+                text = self.llm.engine.new_text(seq)
+                stream.put(Delta(i, seq.output_token_ids[sent:], logprobs, prompt_logprobs, text))
                 num_new += seq.num_output_tokens - sent
                 stream.sent[i] = seq.num_output_tokens
                 self._first_token(stream, lead.num_prompt_tokens, now)

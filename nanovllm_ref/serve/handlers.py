@@ -2,8 +2,8 @@
 
 Each prompt is one engine request with the request's `n` (the engine's samples share the prompt's blocks; sample
 i of a seeded request samples with seed + i); a response's requests share one asyncio queue that the engine loop
-fills. Each choice streams its text through the engine's `IncrementalDetokenizer` (never a split character, a
-possible stop string held back) and ends with the engine's own text, which applied the stop strings. A client
+fills. Each choice streams the text pieces of the engine's detokenizer (`LLMEngine.new_text`: never a split
+character, a possible stop string held back) and ends with the rest of the engine's final text. A client
 that disconnects gets its requests aborted before the engine's next step (streams: when the event generator is
 cancelled; whole responses: a watcher on the connection). Response shapes follow the OpenAI API and vLLM's
 extensions (`token_ids` and `prompt_logprobs` on completion choices).
@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.detokenizer import IncrementalDetokenizer
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .engine_loop import Delta, EngineLoop, Failed
@@ -35,13 +34,13 @@ class Choice:
     index: int
     sample: int  # which of its engine request's n samples
     prompt_ids: list[int]
-    detok: IncrementalDetokenizer
     rid: str = ""
     text: str = ""  # sent so far (all of it once finished)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's field: the stop string or stop token id (None: EOS, length)
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served
     sent_tokens: int = 0  # tokens already shown in a stream chunk
@@ -57,19 +56,18 @@ class Choice:
             self.token_ids += item.token_ids
             if item.logprobs is not None:
                 self.logprobs = (self.logprobs or []) + item.logprobs
-            self.detok.add(item.token_ids, check_stop=False)  # (the engine applies the stop strings)
-            return self._send(self.detok.stream())
+            return self._send(item.text)
         out = item.outputs[self.sample]
-        self.detok.add(out.token_ids[len(self.token_ids):], check_stop=False)
         self.token_ids, self.logprobs = list(out.token_ids), out.logprobs
         self.num_cached_tokens, self.finish_reason = item.num_cached_tokens, out.finish_reason
+        self.stop_reason = out.stop_reason
         if out.finish_reason == "error":
             self.error = out.error or item.error or "the engine failed this request"
-        if out.text.startswith(self.text):  # what was sent could not be cut by a stop string: always so
+        if out.text.startswith(self.text):  # the engine's pieces are prefixes of its final text: always so
             return self._send(out.text[len(self.text):])
-        log.warning("choice %d: the engine's text does not extend the streamed text; ending with the stream's own",
-                    self.index)
-        return self._send(self.detok.finish()[len(self.text):])
+        log.error("choice %d: the engine's text %r does not extend the streamed text %r", self.index, out.text,
+                  self.text)
+        return ""
 
     def _send(self, piece: str) -> str:
         self.text += piece
@@ -85,8 +83,7 @@ class Generation:
     def __init__(self, loop: EngineLoop, tokenizer: Any, plan: RequestPlan, prompts: list[list[int]]) -> None:
         self.loop, self.plan, self.prompts = loop, plan, prompts
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.choices = [Choice(p * plan.n + i, i, ids, IncrementalDetokenizer.for_request(tokenizer, ids, plan.params))
-                        for p, ids in enumerate(prompts) for i in range(plan.n)]
+        self.choices = [Choice(p * plan.n + i, i, ids) for p, ids in enumerate(prompts) for i in range(plan.n)]
         self.by_rid: dict[str, list[Choice]] = {}
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 

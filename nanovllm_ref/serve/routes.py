@@ -105,7 +105,7 @@ async def completions(served: Served, req: CompletionRequest, receive: Any) -> A
         gen.raise_if_failed()
         choices = [{"index": c.index, "text": (prompt_texts[c.index // plan.n] if plan.echo else "") + c.text,
                     "logprobs": _completion_logprobs(served, c, as_ids, plan.echo), "finish_reason": c.finish_reason,
-                    "token_ids": c.token_ids,
+                    "stop_reason": c.stop_reason, "token_ids": c.token_ids,
                     **({"prompt_logprobs": _prompt_logprobs(c)} if c.prompt_logprobs is not None else {})}
                    for c in gen.choices]
         return {"id": gen.id, "object": "text_completion", "created": gen.created, "model": model,
@@ -125,7 +125,7 @@ async def completions(served: Served, req: CompletionRequest, receive: Any) -> A
             start, c.sent_tokens = c.sent_tokens, len(c.token_ids)
             lps = _completion_logprobs(served, c, as_ids, plan.echo and bool(prefix), start)
             out = {"index": c.index, "text": prefix + text, "logprobs": lps, "finish_reason": c.finish_reason,
-                   "token_ids": c.token_ids[start:]}
+                   "stop_reason": c.stop_reason, "token_ids": c.token_ids[start:]}
             yield {**base, "choices": [out], **({"usage": gen.usage()} if plan.usage_every_chunk else {})}
         if plan.usage_in_stream:
             yield {**base, "choices": [], "usage": gen.usage()}

@@ -59,13 +59,13 @@ TRAJECTORIES = {
 }
 
 
-def reference_scores(sampler_ref: ReferenceSampler, prompt: list[int], history: list[int], params: dict,
+def reference_scores(ref: ReferenceSampler, prompt: list[int], history: list[int], params: dict,
                      mode: str) -> torch.Tensor:
     """(vocab,) what an engine reports under `mode` after prompt + history (vLLM's logprobs_mode semantics)."""
-    raw = sampler_ref.logits(tuple(prompt) + tuple(history))
+    raw = ref.logits(tuple(prompt) + tuple(history))
     if mode.startswith("raw"):
         return raw if mode == "raw_logits" else raw.log_softmax(-1)
-    processed = process(raw, prompt, history, params, sampler_ref.eos)
+    processed = process(raw, prompt, history, params, ref.eos)
     return processed if mode == "processed_logits" else processed.log_softmax(-1)
 
 
@@ -149,9 +149,9 @@ def test_unseeded_requests_independent(request_engine, sampler_ref, prefixes) ->
     observed = colliding_pairs(firsts)
     null = null_collisions(probs.double(), NUM_UNSEEDED, NULL_DRAWS)
     p_value = (1 + int((null >= observed).sum())) / (NULL_DRAWS + 1)
-    assert p_value >= ALPHA, (f"unseeded requests are not independent: {observed} pairs of {NUM_UNSEEDED} requests drew "
-                              f"the same first token (independence: mean {float(null.double().mean()):.1f}, p = "
-                              f"{p_value:.1e}); first tokens {firsts}")
+    assert p_value >= ALPHA, (f"unseeded requests are not independent: {observed} pairs of {NUM_UNSEEDED} requests "
+                              f"drew the same first token (independence: mean {float(null.double().mean()):.1f}, "
+                              f"p = {p_value:.1e}); first tokens {firsts}")
     full = Counter(tuple(o[0].token_ids) for o in outs).most_common(1)[0]
     assert full[1] < NUM_UNSEEDED // 2, f"{full[1]} of {NUM_UNSEEDED} unseeded requests drew the same {list(full[0])}"
 

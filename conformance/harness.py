@@ -145,9 +145,9 @@ def live_prompts(model_path: str) -> tuple[list[list[int]], list[str]]:
 INVARIANCE_CASES: dict[str, tuple[str, ...]] = {
     # o_proj and down_proj biases: added once after the all-reduce, not once per rank
     "llama3-bias-hd32": ("test_tensor_parallel", "test_engine_setting[chunked-prefill-7]"),
-    # unnormalized router at TP=2 (replicated router, split experts, one all-reduce; o_proj bias); routing per token
-    # must not depend on the batch
-    "qwen3-moe-unnorm-hd32": ("test_tensor_parallel", "test_alone_vs_batched"),
+    # unnormalized router at TP=2 (replicated router, split experts, one all-reduce; o_proj bias), also in bfloat16;
+    # routing per token must not depend on the batch
+    "qwen3-moe-unnorm-hd32": ("test_tensor_parallel", "test_alone_vs_batched", "test_tensor_parallel_bfloat16"),
     # Qwen3 attention_bias (o_proj bias) at TP=2 with hidden states in the hundreds
     "qwen3-bias-hd32": ("test_tensor_parallel",),
     # head_dim 64 through the paged paths: prefix cache, 256-token blocks, preemption

@@ -25,6 +25,8 @@ from nanovllm_ref.oracle.references import Reference, run_check
 from nanovllm_ref.oracle.requests import RequestSpec
 from nanovllm_ref.oracle.tolerances import invariance_tolerance
 
+from .harness import tolerance_for
+
 DTYPE = "float32"
 
 
@@ -134,6 +136,23 @@ def test_tensor_parallel(model_spec, plain, options, record) -> None:
         check(adapter, plain, f"tensor-parallel-{tp}", record)
     finally:
         adapter.close()
+
+
+def test_tensor_parallel_bfloat16(model_spec, options, references, record) -> None:
+    """TP=2 in bfloat16 (half-precision partial sums all-reduced over gloo) against the bfloat16 goldens, under the
+    golden policy (the plain run is float32: bfloat16 is compared with its own reference)."""
+    tp = max(2, options.tp)
+    heads = json.loads((Path(model_spec.path) / "config.json").read_text())["num_attention_heads"]
+    if heads % tp:
+        pytest.skip(f"{heads} attention heads do not split over {tp} ranks")
+    ref = references.get(model_spec, "bfloat16")
+    adapter = NanovllmRefAdapter(model_spec.path, "bfloat16", tensor_parallel_size=tp)
+    try:
+        report = run_check(adapter, ref, tolerance_for("bfloat16", options, ref), case=f"tensor-parallel-{tp}-bfloat16")
+    finally:
+        adapter.close()
+    record(report)
+    assert report.passed, "\n" + report.format_failures()
 
 
 def test_async_scheduling(model_spec, plain) -> None:

@@ -52,6 +52,9 @@ BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/propertie
 SAMPLING = "tests/test_sampling.py"
 SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases (issue 18)
 ENGINE = "tests/test_engine.py"
+STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
+CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
+TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
 
 
 M = Mutant
@@ -304,6 +307,65 @@ MUTANTS: tuple[Mutant, ...] = (
       "            seq.token_ids[-1] = token\n            reason = None\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
       (SCHED, "tests/test_async_scheduling.py")),
+    # penalties over many steps, logprobs modes, seeds, cached tokens, TP in bfloat16, the RMSNorm residual: each
+    # caught by `pytest conformance` alone (the module named first)
+    M("sampling-frequency-once-per-token", "nanovllm_ref/layers/logits_processing.py",
+      "counts.index_put_(at, torch.tensor(is_output, device=device), accumulate=True)",
+      "counts.index_put_(at, torch.tensor(is_output, device=device), accumulate=False)",
+      "frequency penalty counts a token once however often it was output (the counts are set, not added to)",
+      (STEPS_CONF,), (STEPS_CONF,)),
+    M("sampling-presence-as-frequency", "nanovllm_ref/layers/logits_processing.py",
+      '- column("presence_penalty") * (counts > 0)', '- column("presence_penalty") * counts',
+      "presence penalty applied per occurrence, like the frequency penalty", (STEPS_CONF,), (STEPS_CONF,)),
+    M("sampling-repetition-output-only", "nanovllm_ref/layers/logits_processing.py", "seen[at] = True",
+      "seen[at] = torch.tensor(is_output, device=device) > 0",
+      "repetition penalty over output tokens only (transformers and vLLM: prompt and output)", (STEPS_CONF,),
+      (STEPS_CONF,)),
+    M("logprobs-raw-logits-reports-processed", "nanovllm_ref/layers/logits_processing.py",
+      '"raw_logits": logits.float()[idx]', '"raw_logits": proc',
+      "logprobs_mode raw_logits reports the processed logits", (STEPS_CONF,), (STEPS_CONF,)),
+    M("logprobs-raw-reports-processed", "nanovllm_ref/layers/logits_processing.py",
+      "    if processed is None:\n        return scores\n",
+      "    if processed is None:\n        return scores\n    scores[processed[0]] = processed[1].log_softmax(dim=-1)\n",
+      "raw_logprobs (the default) reports processed logprobs for rows with penalties, bias or min_tokens",
+      (STEPS_CONF,), (STEPS_CONF,)),
+    M("seed-unseeded-shared", "nanovllm_ref/engine/llm_engine.py", "else self._rng.getrandbits(63)",
+      "else random.Random(self.config.seed).getrandbits(63)",
+      "unseeded requests all draw from one stream (a fresh generator from the engine seed per request)",
+      (STEPS_CONF,), (STEPS_CONF,)),
+    M("seed-decode-counter-row", "nanovllm_ref/engine/decode_batch.py", "counters=seq_lens, num_logprobs",
+      "counters=[c + r for r, c in enumerate(seq_lens)], num_logprobs",
+      "seeded decode draws depend on the request's row in the batch", (STEPS_CONF,), (STEPS_CONF,)),
+    M("prefix-cache-free-head-first", "nanovllm_ref/engine/block_manager.py",
+      "for block_id in reversed(seq.block_table):", "for block_id in seq.block_table:",
+      "a finished request's blocks are freed head first: its prefix is evicted before its suffix",
+      (CACHE_CONF,), (CACHE_CONF,)),
+    M("cached-tokens-in-blocks", "nanovllm_ref/engine/scheduler.py",
+      "seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)",
+      "seq.num_cached_tokens = len(cached)", "num_cached_tokens counts cached blocks, not tokens",
+      (CACHE_CONF,), (CACHE_CONF,)),
+    M("cached-tokens-recounted-after-preemption", "nanovllm_ref/engine/scheduler.py",
+      "if seq.num_preemptions == 0:", "if True:",
+      "num_cached_tokens re-set at the re-admission after a preemption (its own recomputed blocks counted)",
+      (CACHE_CONF,), (CACHE_CONF,)),
+    M("async-decode-claims-block-past-length", "nanovllm_ref/engine/decode_batch.py",
+      "if need and self.in_flight and (self.finish_t[need] <= t).any():", "if False:",
+      "async decode claims (and evicts) a block for a row that the step in flight ends by length",
+      (CACHE_CONF,), (CACHE_CONF,)),
+    M("tp-allreduce-bf16-as-fp16-bits", "nanovllm_ref/distributed.py", "y = x.float()  # gloo",
+      "y = x.view(torch.float16).float()  # gloo",
+      "TP all-reduce of bfloat16 partial sums reads their bits as float16 (view for to)",
+      TP_BF16, TP_BF16),
+    M("rmsnorm-kernel-residual-not-updated", "nanovllm_ref/kernels/rmsnorm.py",
+      "tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)",
+      "tl.store(res_out_ptr + row * stride_ro + offs, r, mask=mask)",
+      "Triton fused add + RMSNorm returns the old residual, not x + residual",
+      kernels("rms_norm"), kernels("rms_norm")),
+    M("rmsnorm-kernel-residual-input-returned", "nanovllm_ref/kernels/rmsnorm.py",
+      "return out if residual is None else (out, res_out.view(shape))",
+      "return out if residual is None else (out, residual)",
+      "Triton fused add + RMSNorm hands back its residual input unchanged",
+      kernels("rms_norm"), kernels("rms_norm")),
 )
 
 

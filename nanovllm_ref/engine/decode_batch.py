@@ -90,6 +90,8 @@ class DecodeBatch:
         if rows:
             positions = [self.pos0[r] + t for r in rows]
             need = [r for r, p in zip(rows, positions) if len(tables[r]) * bs == p]
+            if need and self.in_flight and (self.finish_t[need] <= t).any():
+                return False  # a row the step in flight ends (length) would evict a cached block it never writes
             if need and not self._append_blocks(need, block_manager):
                 return False
             for r, p in zip(rows, positions):

@@ -135,6 +135,13 @@ class NanovllmRefAdapter:
             done.update((o.request_id, o) for o in finished)
         return [[StreamedCompletion(c, p) for c, p in zip(self._completions(done[rid]), pieces[rid])] for rid in rids]
 
+    @staticmethod
+    def prefix_cache_kwargs(block_size: int, num_blocks: int, max_model_len: int) -> dict[str, Any]:
+        """Engine kwargs for a prefix cache of ``num_blocks`` usable blocks (the cached-tokens capability:
+        conformance/test_prefix_cache.py)."""
+        return {"kvcache_block_size": block_size, "num_kvcache_blocks": num_blocks, "max_model_len": max_model_len,
+                "enable_prefix_caching": True}
+
     def observe_schedule(self, callback: Callable[[Any], None] | None) -> None:
         """Call ``callback(ScheduleDecision)`` after every scheduling step (None: stop); see
         oracle/schedule_check.py. Optional for adapters: the conformance workload checks the decisions when

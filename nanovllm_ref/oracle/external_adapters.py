@@ -121,6 +121,12 @@ class VLLMAdapter:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [vllm_output_to_engine_output(o) for o in outs]
 
+    @staticmethod
+    def prefix_cache_kwargs(block_size: int, num_blocks: int, max_model_len: int) -> dict[str, Any]:
+        """``LLM`` kwargs for a prefix cache of ``num_blocks`` usable blocks: vLLM keeps one more, its null block."""
+        return {"block_size": block_size, "num_gpu_blocks_override": num_blocks + 1, "max_model_len": max_model_len,
+                "enable_prefix_caching": True}
+
     def run_requests(self, requests: list) -> list:
         """Requests with their own settings (oracle/requests.py), passed to vLLM's SamplingParams by name. vLLM's
         logprobs_mode is an engine setting (LLM(logprobs_mode=...), e.g. through --engine-arg): a request asking

@@ -325,6 +325,17 @@ def _silu_wide_rows(device: str) -> tuple:
     return ((torch.randn(3, 2 * 2500, generator=gen) * 4).to(device),)
 
 
+def _norm_with_residual(dtype: torch.dtype) -> Callable[[str], tuple]:
+    """The fused add + RMSNorm: 3 rows of a hidden size that is no power of two, with a residual (the small draws
+    above may all come without one), so the returned residual x + residual is compared bitwise."""
+    def inputs(device: str) -> tuple:
+        gen = torch.Generator().manual_seed(17)
+        x, res = (torch.randn(3, 200, generator=gen) * 3 for _ in range(2))
+        return x.to(dtype).to(device), (1 + 0.1 * torch.randn(200, generator=gen)).to(device), 1e-6, \
+            res.to(dtype).to(device)
+    return inputs
+
+
 # Fixed inputs per kernel (name -> device -> inputs), beside the Hypothesis draws: shapes large enough that every
 # program axis of a multi-program decomposition (splits, heads, column blocks) holds data, which the small CPU
 # draws rarely reach.
@@ -333,6 +344,8 @@ FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
                          "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
     "gumbel_sample": {"vocab-across-splits": _sampling_across_splits},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
+    "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
+                 "residual-float16": _norm_with_residual(torch.float16)},
 }
 
 

@@ -58,6 +58,7 @@ def resolve_spec(config: Config, hf_config: Any) -> RunnerSpec:
     check_sliding_window(hf_config, max_model_len)
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype,
+        kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
         backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
         block_size=config.kvcache_block_size,
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,

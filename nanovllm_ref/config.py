@@ -31,7 +31,7 @@ class Config:
     num_kvcache_blocks: int | None = None  # None: sized from the memory budget below
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV cache
-    kv_cache_dtype: str = "auto"  # "fp8" / "fp8_e4m3": K and V stored as float8_e4m3fn with scales (kernels/kv_quant.py)
+    kv_cache_dtype: str = "auto"  # "fp8" / "fp8_e4m3": K and V as float8_e4m3fn with scales (kernels/kv_quant.py)
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     # schedule and launch the next step while the current one runs on the device (steps without logprobs)

@@ -208,7 +208,7 @@ class SdpaBackend(AttentionBackend):
             return self._fresh_prompts(q, k_cache, v_cache, plan, step_kv)
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
         padded[plan.seq_of_token, plan.row] = q.float()
-        k, v = self._values(gather_keys(k_cache, plan.slots), 0, 1), self._values(gather_keys(v_cache, plan.slots), 1, 1)
+        k, v = (self._values(gather_keys(c, plan.slots), i, 1) for i, c in enumerate((k_cache, v_cache)))
         out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,
                                              enable_gqa=True)
         return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)

@@ -20,6 +20,7 @@ from .sampling_params import check_bools, check_int
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "auto": the model dtype; "fp8" = "fp8_e4m3" (vLLM's names)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Config:
     num_kvcache_blocks: int | None = None  # None: sized from the memory budget below
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV cache
+    kv_cache_dtype: str = "auto"  # "fp8" / "fp8_e4m3": K and V as float8_e4m3fn with scales (kernels/kv_quant.py)
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     # schedule and launch the next step while the current one runs on the device (steps without logprobs); None: on
@@ -54,6 +56,8 @@ class Config:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_int("max_model_len", self.max_model_len, 1, none_ok=True)
@@ -165,6 +169,7 @@ class RunnerSpec:
     gpu_memory_utilization: float
     enforce_eager: bool
     load_format: str = "auto"
+    kv_dtype: torch.dtype | None = None  # the KV cache's dtype (None: the model's); fp8 comes with per-head scales
     cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
 
 
@@ -192,6 +197,7 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
                          f"is not implemented; set max_model_len <= {window}")
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype,
+        kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
         backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
         block_size=config.kvcache_block_size,
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,

@@ -20,7 +20,7 @@ from torch import nn
 
 from .layers.linear import check_shape
 
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")  # KV scales: kernels/kv_quant.py
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -38,13 +38,14 @@ def engines():
 
 
 def _throughput(benchmark: Any, llm: Any, w: workloads.Workload, shape: ModelShape, ceilings: Any, rounds: int,
-                tp: int = 1, dtype_bytes: int = 2) -> ThroughputResult:
+                tp: int = 1, dtype_bytes: int = 2, kv_dtype_bytes: int | None = None) -> ThroughputResult:
     results: list[ThroughputResult] = []
     benchmark.pedantic(lambda: results.append(run_throughput(llm, w, reset_cache=False)),
                        setup=lambda: reset_prefix_cache(llm), rounds=rounds, warmup_rounds=0)
     r = sorted(results, key=lambda x: x.wall_s)[len(results) // 2]
     prompt_lens = [len(p) for p in w.prompts]
-    roof = roofline(shape, prompt_lens, w.output_lens, ceilings, tp, dtype_bytes, r.cached_prompt_tokens)
+    roof = roofline(shape, prompt_lens, w.output_lens, ceilings, tp, dtype_bytes, r.cached_prompt_tokens,
+                    kv_dtype_bytes)
     roof_h200 = roofline(shape, prompt_lens, w.output_lens, H200, tp, 2, r.cached_prompt_tokens)
     benchmark.extra_info.update(
         **{k: v for k, v in r.as_dict().items() if k != "workload"}, workload=w.name, tp=tp,
@@ -75,6 +76,15 @@ def test_headline_throughput(benchmark, engines, perf_model, shape, ceilings):
     llm = engines.get(arch=arch, model=model)
     benchmark.group = "engine_throughput"
     _throughput(benchmark, llm, workloads.headline(), shape, ceilings, ENGINE_ROUNDS)
+
+
+@pytest.mark.gpu
+def test_headline_throughput_fp8_kv(benchmark, engines, perf_model, shape, ceilings):
+    """The headline with an FP8 (e4m3) KV cache: half the KV bytes per decode step; roofline with 1-byte KV."""
+    arch, model = perf_model
+    llm = engines.get(arch=arch, model=model, kv_cache_dtype="fp8")
+    benchmark.group = "engine_throughput"
+    _throughput(benchmark, llm, workloads.headline(), shape, ceilings, ENGINE_ROUNDS, kv_dtype_bytes=1)
 
 
 @pytest.mark.gpu

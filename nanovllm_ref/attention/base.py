@@ -11,6 +11,9 @@ from .metadata import AttentionMetadata
 
 class AttentionBackend(ABC):
     fused_store_ok = False  # True: store_kv is the reference store (the fused QKV epilogue may replace it)
+    fp8_kv = True  # reads and writes an fp8 cache (kernels/kv_quant.py)
+    # an fp8 cache's (2, num_kv_heads) float32 K and V scales of this layer, set with the cache; None: not fp8
+    kv_scales: torch.Tensor | None = None
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         if num_heads % num_kv_heads:

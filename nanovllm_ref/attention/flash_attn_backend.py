@@ -26,6 +26,7 @@ def flash_attn_available() -> bool:
 
 
 class FlashAttnBackend(TritonBackend):  # its store_kv: the Triton KV-store kernel
+    fp8_kv = False  # FA2 reads 16-bit caches only
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:

@@ -17,6 +17,10 @@ to the layer's keys gathered at the previous step instead of gathering the whole
 the token rows, through SDPA's causal kernel (which skips the key tiles above the diagonal; no padding). The
 first layer of a step plans for all (`Plan`). Numerically this is the reference up to float rounding
 (tests/test_sdpa_backend.py checks it against `prefill_attention_reference` on random paged batches and steps).
+An fp8 cache (kv_scales set): the step's K/V are quantized once in store_kv, and every read (this step's rows
+included) sees the stored values dequantized in float32 (kernels/kv_quant.py), as the reference does. The cache
+is gathered and written through uint8 views (torch's CPU index kernels have no fp8 variants), the rows viewed as
+e4m3 again before dequantizing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..kernels.kv_quant import FP8, dequantize_kv, quantize_kv, split_scales
 from ..kernels.store_kv import store_kv_reference
 from .base import AttentionBackend
 from .metadata import AttentionMetadata
@@ -164,7 +169,13 @@ class SdpaBackend(AttentionBackend):
         self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the k, v rows store_kv just stored
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        self.step_kv = (k, v)
+        if self.kv_scales is not None:  # attention reads what is stored: the fp8 values, dequantized
+            k_scale, v_scale = split_scales(self.kv_scales)
+            k, v = quantize_kv(k, k_scale), quantize_kv(v, v_scale)
+            self.step_kv = (dequantize_kv(k, k_scale), dequantize_kv(v, v_scale))
+            k, v, k_cache, v_cache = (x.view(torch.uint8) for x in (k, v, k_cache, v_cache))
+        else:
+            self.step_kv = (k, v)
         no_padding = meta.derived.get("no_padding")
         if no_padding is None:  # (a CPU step has no padding rows: one check per step, then one copy per tensor)
             no_padding = meta.derived["no_padding"] = bool((meta.slot_mapping >= 0).all())
@@ -176,6 +187,8 @@ class SdpaBackend(AttentionBackend):
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         step_kv, self.step_kv = self.step_kv, None
+        if self.kv_scales is not None:  # read through uint8 views, see _values
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         plan = meta.derived.get("sdpa")
         if plan is None:  # the first layer of the step plans for all of them
             prev = self.decode_ctx.plan if self.decode_ctx is not None else None
@@ -195,10 +208,17 @@ class SdpaBackend(AttentionBackend):
             return self._fresh_prompts(q, k_cache, v_cache, plan, step_kv)
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
         padded[plan.seq_of_token, plan.row] = q.float()
-        k, v = gather_keys(k_cache, plan.slots).float(), gather_keys(v_cache, plan.slots).float()
+        k, v = (self._values(gather_keys(c, plan.slots), i, 1) for i, c in enumerate((k_cache, v_cache)))
         out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,
                                              enable_gqa=True)
         return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)
+
+    def _values(self, rows: torch.Tensor, which: int, heads_axis: int) -> torch.Tensor:
+        """Cache rows as float32 values; an fp8 cache's dequantized by the K (which=0) or V (1) scale of the KV
+        head on `heads_axis`."""
+        if self.kv_scales is None:
+            return rows.float()
+        return dequantize_kv(rows.view(FP8), split_scales(self.kv_scales)[which], heads_axis)
 
     def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -207,7 +227,8 @@ class SdpaBackend(AttentionBackend):
         the CPU benchmark's prefill against padding prompts of similar length into groups: 17 vs 22 ms a layer."""
         if step_kv is None or step_kv[0].shape[0] != q.shape[0]:  # padding rows in the store: read the keys back
             slots = torch.cat([plan.slots[i, : b - a] for i, (a, b) in enumerate(plan.spans)])  # (num_tokens,)
-            step_kv = (k_cache.view(-1, *k_cache.shape[2:])[slots], v_cache.view(-1, *v_cache.shape[2:])[slots])
+            step_kv = (self._values(k_cache.view(-1, *k_cache.shape[2:])[slots], 0, 1),
+                       self._values(v_cache.view(-1, *v_cache.shape[2:])[slots], 1, 1))
         queries, keys, values = q.float(), step_kv[0].float(), step_kv[1].float()  # (tokens, heads, d)
         outs = []
         for a, b in plan.spans:  # (1, heads, length, d) views
@@ -226,14 +247,15 @@ class SdpaBackend(AttentionBackend):
                 and plan.width <= ctx.v.shape[1]):
             if step_kv is None or step_kv[0].shape[0] != num_seqs:  # not one row per sequence
                 new = plan.slots[plan.last]  # (num_seqs,) this step's slots
-                step_kv = (k_cache.view(-1, *k_cache.shape[2:])[new], v_cache.view(-1, *v_cache.shape[2:])[new])
+                step_kv = (self._values(k_cache.view(-1, *k_cache.shape[2:])[new], 0, 1),
+                           self._values(v_cache.view(-1, *v_cache.shape[2:])[new], 1, 1))
             k_elems, v_rows = plan.append_index(ctx.v.shape[1], kv_heads, d)  # each row's new token, at its position
             ctx.kt.view(-1).index_copy_(0, k_elems, as_dtype(step_kv[0], torch.float32).reshape(-1))
             ctx.v.view(-1, d).index_copy_(0, v_rows, as_dtype(step_kv[1], torch.float32).reshape(-1, d))
             ctx.plan = plan
         elif ctx is None or ctx.plan is not plan:
             rows = plan.context_rows(plan.width + plan.width // 4 + k_cache.shape[1], kv_heads)
-            k, v = (c.view(-1, d).index_select(0, rows).view(num_seqs * kv_heads, -1, d).float()
-                    for c in (k_cache, v_cache))  # (seqs * kv_heads, capacity, head_dim)
+            k, v = (self._values(c.view(-1, d).index_select(0, rows).view(num_seqs, kv_heads, -1, d), i, 1).view(
+                num_seqs * kv_heads, -1, d) for i, c in enumerate((k_cache, v_cache)))  # (seqs * kv_heads, capacity, d)
             ctx = self.decode_ctx = DecodeContext(plan, k_cache.data_ptr(), k.transpose(1, 2).contiguous(), v)
         return ctx

@@ -14,9 +14,9 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
+        store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         return prefill_attention_reference(
-            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale
+            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, self.scale, self.kv_scales
         )

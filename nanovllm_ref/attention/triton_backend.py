@@ -29,12 +29,12 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"attention_backend 'triton' supports head_dim <= 256, got {head_dim}")
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if meta.decode_only:
             return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                                     max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
-                                    order=meta.decode_order)
+                                    order=meta.decode_order, kv_scales=self.kv_scales)
         return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                 self.scale, max_query_len=meta.max_query_len)
+                                 self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales)

@@ -14,7 +14,8 @@ import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
 from ..config import ModelConfig, RunnerSpec
-from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank
+from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank, tp_size
+from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint, rank_kv_heads
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
@@ -75,6 +76,8 @@ class ModelRunner:
             torch.set_num_threads(spec.cpu_threads)
         backend_cls = get_backend_class(spec.backend)
         backend_cls.check_supported(spec.device, spec.block_size, model_config.head_dim)
+        if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
+            raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(spec.dtype)
         try:
@@ -89,6 +92,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.kv_dtype = spec.kv_dtype or spec.dtype
+        if self.kv_dtype == FP8:
+            self._set_kv_scales()
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.enforce_eager:
             self.graphs = DecodeGraphs(
@@ -100,7 +106,7 @@ class ModelRunner:
 
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
-        per_token = 2 * first.num_kv_heads * first.head_dim * self.spec.dtype.itemsize
+        per_token = 2 * first.num_kv_heads * first.head_dim * self.kv_dtype.itemsize
         return per_token * self.spec.block_size * len(self.attn_layers)
 
     def _allocate_kv_cache(self) -> int:
@@ -123,10 +129,20 @@ class ModelRunner:
         first = self.attn_layers[0].backend
         self.kv_cache = torch.empty(
             len(self.attn_layers), 2, num_blocks, self.spec.block_size, first.num_kv_heads, first.head_dim,
-            dtype=self.spec.dtype, device=self.device,
+            dtype=self.kv_dtype, device=self.device,
         )
         for i, layer in enumerate(self.attn_layers):
             layer.kv_cache = self.kv_cache[i]
+
+    def _set_kv_scales(self) -> None:
+        """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
+        first = self.attn_layers[0].backend
+        total = self.model_config.num_key_value_heads
+        scales = kv_scales_from_checkpoint(self.spec.model_path, len(self.attn_layers), total)
+        heads = rank_kv_heads(total, first.num_kv_heads, tp_rank(), tp_size())
+        self.kv_scales = scales[:, :, heads].to(self.device)  # (num_layers, 2, local kv_heads)
+        for i, layer in enumerate(self.attn_layers):
+            layer.backend.kv_scales = self.kv_scales[i]
 
     def _blocks_from_gpu_memory(self) -> int:
         """Measure the activation peak with a full-budget warm-up forward, then give the rest to the cache."""

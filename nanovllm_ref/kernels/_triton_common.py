@@ -56,6 +56,21 @@ def num_sms(device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit
+    def to_e4m3(x, EXACT: tl.constexpr):
+        """float32 -> float8e4nv by kernels/kv_quant.py's rule: saturate to +-448, round to nearest even. EXACT (the
+        interpreter, whose conversion drops the carry of a round-up into the exponent and truncates subnormals):
+        round in float32 arithmetic first, so that the conversion only meets representable values."""
+        x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+        if EXACT:
+            bits = x.to(tl.int32, bitcast=True)
+            # the biased exponent of e4m3's spacing at |x|: 3 mantissa bits; 2^-9 from the subnormals down
+            e = tl.maximum(((bits >> 23) & 0xFF) - 3, 118)
+            step = (e << 23).to(tl.float32, bitcast=True)
+            y = (tl.abs(x) / step + 8388608.0) - 8388608.0  # exact division by a power of two, then RNE (< 2^23)
+            x = tl.where(x < 0, -y, y) * step
+        return x.to(tl.float8e4nv)
+
+    @triton.jit
     def attend_tile(
         acc, l_i, m_i,  # running state: (BLOCK_M, BLOCK_D) f32, (BLOCK_M,) f32, (BLOCK_M,) f32 (log2 domain)
         q,  # (BLOCK_M, BLOCK_D), zero in padded rows/columns

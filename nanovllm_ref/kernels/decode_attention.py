@@ -20,6 +20,9 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   lengths, the SMs otherwise idle behind a few long sequences dispatched last. The grid is flat with the
   KV heads (and splits) of one sequence adjacent: on the headline's mixed contexts that read 5% less time
   than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md session 8).
+- An fp8 cache (kv_scales given) is read as fp8 and converted to the query dtype in registers (exact: every e4m3
+  value is a bfloat16/float16 value); the K scale of the program's KV head is folded into the softmax scale
+  and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -46,9 +49,11 @@ def decode_attention_reference(
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
     seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the query token
     scale: float,
+    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim)
     query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return prefill_attention_reference(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+    return prefill_attention_reference(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                       kv_scales)
 
 
 if triton is not None:
@@ -57,6 +62,7 @@ if triton is not None:
     @triton.jit
     def _decode_split_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+        kv_scale_ptr,  # (2, num_kv_heads) float32 K and V scales (FP8 only)
         order_ptr,  # (num_seqs,) int: the sequence of each program along axis 0 (HAS_ORDER)
         out_ptr,  # (num_seqs, num_heads, head_dim), written only when num_splits == 1
         part_acc_ptr,  # (num_seqs, num_heads, num_splits, HEAD_DIM) f32, unnormalized
@@ -70,7 +76,7 @@ if triton is not None:
         num_splits,  # runtime, so that split counts do not multiply the compiled variants
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
-        UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -81,6 +87,8 @@ if triton is not None:
         if HAS_ORDER:
             seq = tl.load(order_ptr + seq).to(tl.int32)
         seq_len = tl.load(seq_lens_ptr + seq)
+        if FP8:
+            qk_scale = qk_scale * tl.load(kv_scale_ptr + kvh)
         # this split's keys: [start, end); chunk is a multiple of BLOCK_N so only the last tile is partial
         chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * chunk
@@ -110,6 +118,8 @@ if triton is not None:
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
                 stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
+        if FP8:
+            acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
 
         out_mask = g_mask[:, None] & d_mask[None, :]
         if DIRECT_OUT:
@@ -189,6 +199,7 @@ def decode_attention(
     out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
     workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
     tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps)
+    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
     """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
     assert triton is not None, "decode_attention needs triton; use decode_attention_reference"
@@ -215,13 +226,15 @@ def decode_attention(
     else:
         part_acc = part_ml = out  # unused
     _decode_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
-        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out, part_acc, part_ml,
+        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if kv_scales is None else kv_scales,
+        seq_lens if order is None else order, out, part_acc, part_ml,
         scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
         group, num_kv_heads, num_splits,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
-        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None, **cfg,
+        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
+        FP8=kv_scales is not None, **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

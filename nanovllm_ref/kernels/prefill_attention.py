@@ -19,6 +19,8 @@ Triton kernel (`prefill_attention`): one launch for the whole varlen batch, Flas
   queries use a smaller BLOCK_Q). When it is None it is read from `query_start_loc` with a host sync, which
   is fine since prefill is never captured in a CUDA graph.
 - Softmax statistics and the accumulator are float32; P is cast to the K/V dtype for the PV product.
+- An fp8 cache (kv_scales given): read as fp8, converted to the query dtype in registers, the KV head's K scale
+  folded into the softmax scale and its V scale into the output, as in kernels/decode_attention.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import LOG2E, dot_precision, tl, triton, upcast_dots
+from .kv_quant import dequantize_kv, split_scales
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -43,8 +46,10 @@ def prefill_attention_reference(
     seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the queries
     block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
     scale: float,
+    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
     out = torch.empty_like(q)
+    k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -53,8 +58,10 @@ def prefill_attention_reference(
         q_len = q_end - q_start
         if q_len == 0:
             continue
-        k = gather_kv(k_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
-        v = gather_kv(v_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
+        k, v = gather_kv(k_cache, block_tables[s], seq_len), gather_kv(v_cache, block_tables[s], seq_len)
+        if kv_scales is not None:  # (seq_len, num_kv_heads, head_dim) fp8 -> values
+            k, v = dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
+        k, v = k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].float()
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # (num_heads, q_len, seq_len)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
@@ -73,15 +80,16 @@ if triton is not None:
     @triton.jit(do_not_specialize=["stride_bt"])
     def _prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+        kv_scale_ptr,  # (2, num_kv_heads) float32 K and V scales (FP8 only)
         qk_scale,
         stride_qt, stride_qh, stride_qd,
         stride_ot, stride_oh, stride_od,
         stride_cb, stride_cs, stride_ch, stride_cd,
         stride_bt,
-        group,
+        group, num_kv_heads,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr,
     ):
         # BLOCK_M = BLOCK_Q * BLOCK_G rows
         tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (last) query tiles first
@@ -94,6 +102,8 @@ if triton is not None:
             return
         seq_len = tl.load(seq_lens_ptr + seq)
         prefix = seq_len - q_len  # keys already in the cache before this step's queries
+        if FP8:
+            qk_scale = qk_scale * tl.load(kv_scale_ptr + kvh)
 
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -127,6 +137,8 @@ if triton is not None:
                 acc, l_i, m_i, q, k_base, v_base, bt_row, n0, kv_end, row_end, qk_scale,
                 stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
 
+        if FP8:
+            acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
         o = acc / l_i[:, None]  # l_i >= 1 in every row: its maximal key contributes exp2(0)
         o_off = tok64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
@@ -159,6 +171,7 @@ def prefill_attention(
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
     tile_config: dict[str, int] | None = None,  # override prefill_tile_config (benchmark sweeps)
+    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
     assert triton is not None, "prefill_attention needs triton; use prefill_attention_reference"
@@ -179,10 +192,11 @@ def prefill_attention(
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
-        scale * LOG2E,
+        seq_lens if kv_scales is None else kv_scales, scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
-        group,
+        group, num_kv_heads,
         BLOCK_SIZE=block_size, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim,
-        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), **cfg,
+        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype),
+        FP8=kv_scales is not None, **cfg,
     )
     return out

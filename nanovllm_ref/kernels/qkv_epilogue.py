@@ -10,7 +10,8 @@ in its attention backends' `reshape_and_cache`).
 Arithmetic follows the unfused references' rounding points exactly (kernels/rmsnorm.py, kernels/rotary.py):
 the norm in float32 cast to the model dtype, times the weight rounded to the model dtype; RoPE's cos/sin cast
 to the model dtype and each product and the sum rounded to it. So the fused path equals the unfused one up to
-the float32 reduction order of the norm.
+the float32 reduction order of the norm. An fp8 cache (kv_scales given) gets k and v quantized in registers by
+kernels/kv_quant.py's rule (as kernels/store_kv.py does).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def qkv_epilogue_reference(
     slot_mapping: torch.Tensor,  # (num_tokens,) int, -1 = not stored
     num_heads: int,
     num_kv_heads: int,
+    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim)
     n, d = qkv.shape[0], k_cache.shape[-1]
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
@@ -47,11 +49,12 @@ def qkv_epilogue_reference(
     if q_weight is not None:
         q, k = rms_norm_reference(q, q_weight, eps), rms_norm_reference(k, k_weight, eps)
     q, k = apply_rotary_reference(q, positions, cos_sin_cache), apply_rotary_reference(k, positions, cos_sin_cache)
-    store_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    store_kv_reference(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q
 
 
 if triton is not None:
+    from ._triton_common import to_e4m3, upcast_dots
 
     @triton.jit
     def _norm_rope(x1, x2, w_ptr, cos, sin, eps, offs_d, d_mask, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
@@ -73,11 +76,12 @@ if triton is not None:
     @triton.jit
     def _qkv_epilogue_kernel(
         qkv_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+        kv_scale_ptr,  # (2, num_kv_heads) float32 K and V scales (FP8 only)
         stride_t, stride_qt, stride_qh, stride_cs,
         stride_cb, stride_cr, stride_ch,  # cache strides (block, row, head); the last dim is contiguous
         num_heads, num_kv_heads, eps,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-        BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+        BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr, EXACT_ROUND: tl.constexpr,
     ):
         tok = tl.program_id(0).to(tl.int64)
         HALF: tl.constexpr = HEAD_DIM // 2
@@ -110,18 +114,26 @@ if triton is not None:
                             kw_ptr, cos, sin, eps, offs_d, d_mask, HEAD_DIM, HAS_NORM, dt)
         cache_row = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cr
         cache_off = cache_row + hk * stride_ch + offs_d[None, :]
+        src = src + num_kv_heads * HEAD_DIM
+        v1, v2 = tl.load(src, mask=mk), tl.load(src + HALF, mask=mk)
+        if FP8:  # (BLOCK_HK, 1) scales of the KV heads
+            ks = tl.load(kv_scale_ptr + hk, mask=hk < num_kv_heads, other=1.0)
+            vs = tl.load(kv_scale_ptr + num_kv_heads + hk, mask=hk < num_kv_heads, other=1.0)
+            k1 = to_e4m3(tl.math.div_rn(k1.to(tl.float32), ks), EXACT_ROUND)
+            k2 = to_e4m3(tl.math.div_rn(k2.to(tl.float32), ks), EXACT_ROUND)
+            v1 = to_e4m3(tl.math.div_rn(v1.to(tl.float32), vs), EXACT_ROUND)
+            v2 = to_e4m3(tl.math.div_rn(v2.to(tl.float32), vs), EXACT_ROUND)
         ct = k_cache_ptr.dtype.element_ty
         tl.store(k_cache_ptr + cache_off, k1.to(ct), mask=mk)
         tl.store(k_cache_ptr + cache_off + HALF, k2.to(ct), mask=mk)
-        src = src + num_kv_heads * HEAD_DIM
-        tl.store(v_cache_ptr + cache_off, tl.load(src, mask=mk).to(ct), mask=mk)
-        tl.store(v_cache_ptr + cache_off + HALF, tl.load(src + HALF, mask=mk).to(ct), mask=mk)
+        tl.store(v_cache_ptr + cache_off, v1.to(ct), mask=mk)
+        tl.store(v_cache_ptr + cache_off + HALF, v2.to(ct), mask=mk)
 
 
 def qkv_epilogue(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
+    slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim), qkv's dtype
     """Triton version of `qkv_epilogue_reference` (same arguments). CUDA-graph safe: no host sync."""
     assert triton is not None, "qkv_epilogue needs triton; use qkv_epilogue_reference"
@@ -136,10 +148,11 @@ def qkv_epilogue(
     block_hq, block_half = triton.next_power_of_2(num_heads), triton.next_power_of_2(d // 2)
     _qkv_epilogue_kernel[(n,)](
         qkv, positions, cos_sin_cache, q_weight if has_norm else qkv, k_weight if has_norm else qkv, slot_mapping,
-        q, k_cache, v_cache,
+        q, k_cache, v_cache, slot_mapping if kv_scales is None else kv_scales,
         qkv.stride(0), q.stride(0), q.stride(1), cos_sin_cache.stride(0), *k_cache.stride()[:3],
         num_heads, num_kv_heads, eps,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=block_half, HAS_NORM=has_norm, num_warps=max(1, min(8, block_hq * block_half // 256)),
+        BLOCK_HALF=block_half, HAS_NORM=has_norm, FP8=kv_scales is not None, EXACT_ROUND=upcast_dots(qkv.device),
+        num_warps=max(1, min(8, block_hq * block_half // 256)),
     )
     return q

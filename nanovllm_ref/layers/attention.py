@@ -46,5 +46,6 @@ class Attention(nn.Module):
         meta = get_forward_context()
         b = self.backend
         q = qkv_epilogue(qkv, positions, cos_sin_cache, q_weight, k_weight, eps, k_cache, v_cache,
-                         meta.slot_mapping, b.num_heads, b.num_kv_heads)  # (num_tokens, num_heads, head_dim)
+                         meta.slot_mapping, b.num_heads, b.num_kv_heads,
+                         b.kv_scales)  # (num_tokens, num_heads, head_dim)
         return b.forward(q, k_cache, v_cache, meta)

@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype) | fp8 (1-byte KV, its roofline)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (nano-vllm's default: 256)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--latency-batches", default="1,64")
@@ -113,7 +114,9 @@ def _throughput(llm: Any, args: argparse.Namespace, shape: ModelShape, ceilings:
     cached = median_run["cached_prompt_tokens"]
     prompt_lens, out_lens = [len(p) for p in w.prompts], w.output_lens
     nbytes = 4 if args.device == "cpu" else 2  # fp32 on the CPU, bf16 on the GPU
-    roof = roofline(shape, prompt_lens, out_lens, ceilings, args.tp, nbytes, cached_prompt_tokens=cached)
+    kv_bytes = 1 if args.kv_cache_dtype != "auto" else None
+    roof = roofline(shape, prompt_lens, out_lens, ceilings, args.tp, nbytes, cached_prompt_tokens=cached,
+                    kv_dtype_bytes=kv_bytes)
     roof_h200 = roofline(shape, prompt_lens, out_lens, H200, args.tp, 2, cached_prompt_tokens=cached)
     out = {
         **median_run, "workload": w.summary(), "runs": runs,
@@ -142,7 +145,7 @@ def _engine(args: argparse.Namespace, bar: Any) -> tuple[Any, float]:
     llm = build_llm(args.arch, args.model, device=args.device, tp=args.tp, enforce_eager=args.enforce_eager,
                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens,
-                    gpu_memory_utilization=args.gpu_memory_utilization,
+                    gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
                     async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size)
     init_s = time.perf_counter() - t0
     _step(bar, f"engine built in {init_s:.1f} s; {llm.engine.block_manager.num_blocks} KV blocks")

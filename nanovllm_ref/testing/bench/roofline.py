@@ -71,11 +71,13 @@ def causal_pairs(query_len: int, context_len: int) -> int:
 
 def roofline(
     shape: ModelShape, prompt_lens: list[int], output_lens: list[int], ceilings: Ceilings = H200,
-    tp: int = 1, dtype_bytes: int = 2, cached_prompt_tokens: int = 0,
+    tp: int = 1, dtype_bytes: int = 2, cached_prompt_tokens: int = 0, kv_dtype_bytes: int | None = None,
 ) -> Roofline:
     """Lower bound on the wall time of generating `output_lens[i]` tokens after `prompt_lens[i]`.
 
     `cached_prompt_tokens`: prompt tokens served from the prefix cache (their prefill FLOPs are skipped).
+    `kv_dtype_bytes`: bytes per cached K/V element (1 for an FP8 cache; default: `dtype_bytes`). The headline on the
+    H200 ceilings with 1-byte KV: 2.09 s (bf16 KV: 3.72 s), i.e. at most 64,100 output tok/s (bf16: 36,000).
     """
     bw = ceilings.copy_gbps * 1e9 * tp
     flops_rate = ceilings.matmul_tflops * 1e12 * tp
@@ -89,7 +91,7 @@ def roofline(
         n = out - 1
         kv_tokens += n * p + n * (n + 1) // 2
     weight = shape.weight_bytes(dtype_bytes)
-    kv_bytes = kv_tokens * shape.kv_bytes_per_token(dtype_bytes)
+    kv_bytes = kv_tokens * shape.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
     decode_s = (steps * weight + kv_bytes) / bw
     prefill_s = prefill_flops / flops_rate
     total_out = sum(output_lens)

@@ -1,0 +1,170 @@
+"""The reference of the "fp8-kv" conformance tier: transformers with K and V quantized to FP8 (e4m3) and
+dequantized at the points an engine's KV cache does it, with per-(layer, KV head) scales the checkpoint carries.
+
+The quantization points: the keys after q/k norm and RoPE and the values after their projection, i.e. what an
+engine stores in its cache, as transformers hands them to the attention function. An attention function
+registered with transformers (``AttentionInterface``) replaces every K and V element x that attention sees
+(this step's tokens included) by ``fp8_e4m3(clamp(x / s, -448, 448)) * s`` in float32, cast back to the model
+dtype, then calls the model's own eager (or sdpa) attention. transformers' cache keeps the unquantized values
+and the function quantizes them again at each step: the same values, since quantization is deterministic.
+This file is the oracle's own statement of the rule; nothing here calls the engine's kernels.
+
+Scales (``calibrate``): amax / 448 per (layer, K or V, KV head) over the golden prompts, measured with the
+model-dtype reference: the largest stored value maps to e4m3's largest, the rest keep 3 mantissa bits; heads and
+layers get different scales, so a scale on the wrong head or applied twice costs real accuracy (with vLLM's
+default of 1.0 everywhere such bugs are invisible). They are written next to the weights as
+``model.layers.{i}.self_attn.k_scale`` / ``v_scale`` (vLLM's names, one value per KV head) in a derived
+checkpoint (``scaled_checkpoint``), which the engine under test loads.
+
+Noise (``reference``): the same prompts through sdpa attention with every K and V element nudged by one ulp of
+the model dtype before quantizing, so that the measured noise includes the e4m3 rounding flips two correct
+engines produce when their keys differ in the last bit (the flips cost far more than the attention arithmetic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compare import compare_all
+from .references import Reference
+
+E4M3_MAX = 448.0
+NAMES = ("k_scale", "v_scale")
+_RECORD: dict[int, torch.Tensor] = {}  # calibration: layer -> (2, kv_heads) running amax
+
+
+def fake_quant(x: torch.Tensor, scale: torch.Tensor, nudge: bool = False) -> torch.Tensor:
+    """x (batch, kv_heads, seq, head_dim) in the model dtype -> its e4m3 value with per-head scale (kv_heads,)."""
+    s = scale.to(x.device).view(1, -1, 1, 1)
+    y = x.float()
+    if nudge:  # one ulp of the model dtype up
+        y = torch.nextafter(x, torch.full_like(x, float("inf"))).float()
+    q = (y / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * s).to(x.dtype)
+
+
+def _attention(base: str, nudge: bool = False):
+    def attend(module: Any, query, key, value, attention_mask, **kwargs):
+        scales = getattr(module, "fp8_kv_scales", None)
+        if scales is None:  # calibration: record the amax per KV head, attend unquantized
+            amax = torch.stack([key.detach().abs().amax(dim=(0, 2, 3)), value.detach().abs().amax(dim=(0, 2, 3))])
+            prev = _RECORD.get(module.layer_idx)
+            _RECORD[module.layer_idx] = amax.float() if prev is None else torch.maximum(prev, amax.float())
+        else:
+            key, value = fake_quant(key, scales[0], nudge), fake_quant(value, scales[1], nudge)
+        if base == "eager":
+            fn = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+        return fn(module, query, key, value, attention_mask, **kwargs)
+
+    return attend
+
+
+def register() -> None:
+    """The attention functions ``fp8kv-eager``, ``fp8kv-sdpa-nudged`` and ``fp8kv-calibrate`` (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    for name, base, nudge in (("fp8kv-eager", "eager", False), ("fp8kv-sdpa-nudged", "sdpa", True),
+                              ("fp8kv-calibrate", "eager", False)):
+        AttentionInterface.register(name, _attention(base, nudge))
+        # without a mask function of the same name transformers builds no causal mask at all
+        AttentionMaskInterface.register(name, eager_mask if base == "eager" else sdpa_mask)
+
+
+def _layers(model: Any) -> list[Any]:
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+
+
+def read_scales(path: str) -> dict[int, torch.Tensor] | None:
+    """The checkpoint's (2, kv_heads) scales per layer from ``kv_scales.safetensors``, or None."""
+    file = Path(path) / "kv_scales.safetensors"
+    if not file.exists():
+        return None
+    from safetensors.torch import load_file
+
+    t = load_file(str(file))
+    layers = sorted({int(n.split(".")[2]) for n in t})
+    return {i: torch.stack([t[f"model.layers.{i}.self_attn.{n}"].float() for n in NAMES]) for i in layers}
+
+
+def calibrate(model_path: str, dtype: str, prompts: list[list[int]]) -> dict[int, torch.Tensor]:
+    """amax / 448 per (layer, K or V, KV head) over the prompts' positions, in the model dtype reference."""
+    from .adapters import HFAdapter
+
+    register()
+    _RECORD.clear()
+    hf = HFAdapter(model_path, dtype, attn_implementation="fp8kv-calibrate")
+    try:
+        with torch.inference_mode():
+            for p in prompts:
+                hf.model(input_ids=torch.tensor([p]), use_cache=False)
+    finally:
+        hf.close()
+    return {i: (a / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny) for i, a in sorted(_RECORD.items())}
+
+
+def scaled_checkpoint(model_path: str, out_dir: str, scales: dict[int, torch.Tensor]) -> str:
+    """A checkpoint folder: ``model_path``'s files (symlinked) plus ``kv_scales.safetensors`` with ``scales``."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in Path(model_path).iterdir():
+        if not (out / f.name).exists():
+            os.symlink(f.resolve(), out / f.name)
+    tensors = {f"model.layers.{i}.self_attn.{n}": s[j].contiguous() for i, s in scales.items()
+               for j, n in enumerate(NAMES)}
+    save_file(tensors, str(out / "kv_scales.safetensors"))
+    (out / "kv_scales.json").write_text(json.dumps(
+        {"rule": "amax / 448 per (layer, K or V, KV head) over the golden prompts (nanovllm_ref.oracle.fp8_kv)",
+         "scales": {str(i): s.tolist() for i, s in scales.items()}}, indent=1) + "\n")
+    return str(out)
+
+
+def _run(model_path: str, dtype: str, attn: str, prompts: list[list[int]], max_tokens: int, top_k: int):
+    """transformers with the fp8 attention ``attn``, the layers' scales read from the checkpoint."""
+    from .adapters import HFAdapter
+
+    register()
+    scales = read_scales(model_path)
+    if scales is None:
+        raise ValueError(f"{model_path!r} carries no kv_scales.safetensors (see scaled_checkpoint)")
+    hf = HFAdapter(model_path, dtype, attn_implementation=attn)
+    try:
+        for layer in _layers(hf.model):
+            layer.fp8_kv_scales = scales[layer.layer_idx]
+        return hf.generate(prompts, max_tokens, top_k, prompt_logprobs=True)
+    finally:
+        hf.close()
+
+
+def reference(model: str, model_path: str, dtype: str, prompts: list[list[int]], prompt_ids: list[str],
+              max_tokens: int = 32, top_k: int = 20) -> Reference:
+    """The fp8-kv reference of a scaled checkpoint, with its noise in ``meta["noise"]`` (module docstring)."""
+    outputs = _run(model_path, dtype, "fp8kv-eager", prompts, max_tokens, top_k)
+    alt = _run(model_path, dtype, "fp8kv-sdpa-nudged", prompts, max_tokens, top_k)
+    rep = compare_all(outputs, alt, top_k=top_k, tol=float("inf"), prompt_tol=float("inf"))
+    ref = Reference(model, model_path, dtype, [list(p) for p in prompts], list(prompt_ids), outputs, max_tokens,
+                    top_k, source="fp8-kv")
+    ref.meta["noise"] = {"generated": max(p.max_gen_diff for p in rep.prompts),
+                         "prompt": max(p.max_prompt_diff for p in rep.prompts),
+                         "method": "fp8-kv eager vs sdpa with K/V one ulp up before quantizing"}
+    return ref
+
+
+def drift(model_dtype_ref: Reference, fp8_ref: Reference) -> dict[str, Any]:
+    """What FP8 KV costs on this model: the fp8-kv reference against the model-dtype-KV one (the goldens)."""
+    rep = compare_all(model_dtype_ref.outputs, fp8_ref.outputs, top_k=fp8_ref.top_k, tol=float("inf"),
+                      prompt_tol=float("inf"))
+    return {"max_gen_diff": max(p.max_gen_diff for p in rep.prompts),
+            "max_prompt_diff": max(p.max_prompt_diff for p in rep.prompts),
+            "prompts_diverged": sum(p.first_divergence is not None for p in rep.prompts),
+            "prompts": len(rep.prompts)}

@@ -326,6 +326,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "            seq.token_ids[-1] = token\n            reason = None\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
       (SCHED, "tests/test_async_scheduling.py")),
+    M("sdpa-decode-scale", "nanovllm_ref/attention/sdpa_backend.py",
+      "scores = scores.mul_(self.scale).add_(plan.mask)", "scores = scores.mul_(self.scale * 0.9).add_(plan.mask)",
+      "sdpa backend: decode steps scale scores by 0.9/sqrt(d), prefill right (caught without any reference: "
+      "decode-time logprobs disagree with a re-prefill)", (SDPA_ORACLE,),
+      ("conformance/test_self_consistency.py", "--reference", "none")),
 )
 
 

@@ -39,6 +39,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import torch
 
     deselect_invariance_cases(config, items)
+    if config.getoption("--reference") == "none":  # only the modules that need no reference outputs run
+        skip_ref = pytest.mark.skip(reason="--reference none: this module compares with a reference")
+        for item in items:
+            if not getattr(item.module, "REFERENCE_FREE", False):
+                item.add_marker(skip_ref)
 
     if config.pluginmanager.hasplugin("xdist"):  # `-n N --dist loadgroup`: a model's tests share one worker's engines
         for item in items:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,20 @@ class ReferencePool:
             self.cache[key] = self._make(model, dtype)
         return self.cache[key]
 
+    def prompts(self, model: ModelSpec, dtype: str) -> Reference:
+        """The reference where there is one; with ``--reference none`` the prompts alone (the golden prompt set,
+        no outputs), for the reference-free modules: nothing is computed with transformers."""
+        if self.options.reference != "none":
+            return self.get(model, dtype)
+        if model.golden:
+            return replace(golden_reference(model.name, dtype), outputs=[], source="none")
+        prompts, names = live_prompts(model.path)
+        return Reference(model.name, model.path, dtype, prompts, names, [], source="none")
+
     def _make(self, model: ModelSpec, dtype: str) -> Reference:
+        if self.options.reference == "none":
+            pytest.skip("--reference none: this check compares with a reference; only the reference-free modules "
+                        "run (test_self_consistency.py, test_batch_invariance.py, test_kernels.py)")
         if self.options.reference == "golden":
             if not model.golden:
                 pytest.skip(f"{model.path} has no goldens: use --reference live")
@@ -157,8 +170,14 @@ INVARIANCE_CASES: dict[str, tuple[str, ...]] = {
 }
 
 
+# test_batch_invariance.py in the default sweep: a dense GQA model and the MoE one (routing per token must not see
+# the batch); naming checkpoints with --model runs it on those
+BATCH_INVARIANCE_MODELS = ("qwen3-tiny", "qwen3-moe-tiny")
+
+
 def deselect_invariance_cases(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the invariance cases that :data:`INVARIANCE_CASES` does not choose for a checkpoint (default sweep only)."""
+    """Drop the invariance cases that :data:`INVARIANCE_CASES` and :data:`BATCH_INVARIANCE_MODELS` do not choose
+    for a checkpoint (default sweep only)."""
     if config.getoption("--model"):
         return
     keep, dropped = [], []
@@ -166,7 +185,9 @@ def deselect_invariance_cases(config: pytest.Config, items: list[pytest.Item]) -
         callspec = getattr(item, "callspec", None)
         spec = callspec.params.get("model_spec") if callspec else None
         chosen = INVARIANCE_CASES.get(spec.name) if isinstance(spec, ModelSpec) else None
-        if chosen is None or Path(str(item.path)).name != "test_invariance.py" or _is_chosen(item, chosen):
+        if Path(str(item.path)).name == "test_batch_invariance.py" and isinstance(spec, ModelSpec):
+            (keep if spec.name in BATCH_INVARIANCE_MODELS else dropped).append(item)
+        elif chosen is None or Path(str(item.path)).name != "test_invariance.py" or _is_chosen(item, chosen):
             keep.append(item)
         else:
             dropped.append(item)

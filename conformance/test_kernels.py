@@ -22,6 +22,8 @@ from nanovllm_ref.oracle.adapters import resolve_factory
 from nanovllm_ref.testing.kernels import FIXED_INPUTS, KERNELS, MAGNITUDES, KernelCandidate, nanovllm_ref_candidates
 from nanovllm_ref.testing.mismatch import KernelMismatch, describe
 
+REFERENCE_FREE = True  # runs under --reference none
+
 ON_GPU = torch.cuda.is_available()
 SLOW = HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
 

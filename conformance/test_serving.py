@@ -15,6 +15,8 @@ import pytest
 
 from .harness import Options
 
+REFERENCE_FREE = True  # runs under --reference none
+
 PROMPT = [9, 10, 11, 12, 13]  # token ids inside every golden vocabulary
 
 

@@ -366,6 +366,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "return out if residual is None else (out, residual)",
       "Triton fused add + RMSNorm hands back its residual input unchanged",
       kernels("rms_norm"), kernels("rms_norm")),
+    M("sdpa-decode-scale", "nanovllm_ref/attention/sdpa_backend.py",
+      "scores = scores.mul_(self.scale).add_(plan.mask)", "scores = scores.mul_(self.scale * 0.9).add_(plan.mask)",
+      "sdpa backend: decode steps scale scores by 0.9/sqrt(d), prefill right (caught without any reference: "
+      "decode-time logprobs disagree with a re-prefill)", (SDPA_ORACLE,),
+      ("conformance/test_self_consistency.py", "--reference", "none")),
 )
 
 

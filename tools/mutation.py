@@ -24,7 +24,8 @@ OPTIONS = ("--model", "qwen3-tiny", "--dtype", "float32", "--report", os.devnull
 # the conformance suite without its kernel module, the cheap-and-sharp workload first
 CONFORMANCE = ("conformance/test_workload.py", "conformance/test_golden.py", "conformance/test_invariance.py",
                "conformance/test_policy.py", "conformance/test_sampling.py", "conformance/test_sampling_steps.py",
-               "conformance/test_prefix_cache.py", "conformance/test_text.py")
+               "conformance/test_prefix_cache.py", "conformance/test_text.py", "conformance/test_self_consistency.py",
+               "conformance/test_batch_invariance.py")
 
 
 @dataclass(frozen=True)

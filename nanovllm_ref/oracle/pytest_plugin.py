@@ -40,8 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--model", dict(action="append", default=[],
                          help="golden checkpoint name or checkpoint folder; repeatable or comma-separated "
                               "(default: every golden checkpoint; perf's benchmarks read the last one)")),
-        ("--reference", dict(choices=("golden", "live"), default="golden",
-                             help="compare with the stored goldens, or with transformers computed now")),
+        ("--reference", dict(choices=("golden", "live", "none"), default="golden",
+                             help="compare with the stored goldens, with transformers computed now, or with nothing "
+                                  "(none: only the reference-free checks, e.g. self-consistency, on any checkpoint)")),
         ("--dtype", dict(default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")),
         ("--tp", dict(type=int, default=1, help="tensor_parallel_size for the nanovllm_ref engine")),
         ("--report", dict(default="conformance-report.json", help="where to write the JSON report")),
@@ -51,6 +52,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                            help="pkg.module:function returning the KernelCandidate list to check in "
                                 "conformance/test_kernels.py (default: nanovllm_ref's kernels with "
                                 "--engine nanovllm_ref, none otherwise); see nanovllm_ref/testing/kernels.py")),
+        ("--invariance", dict(choices=("tolerance", "exact"), default="tolerance",
+                              help="conformance/test_batch_invariance.py's verdict: the dtype policy (default) or "
+                                   "bitwise equality (for engines with a batch-invariant mode)")),
+        ("--invariance-trials", dict(type=int, default=3,
+                                     help="random batch compositions per needle and case in "
+                                          "test_batch_invariance.py (default 3; 20 on a GPU)")),
         ("--torch-threads", dict(type=int, default=1,
                                  help="torch CPU threads while conformance tests run (default 1: the tiny models "
                                       "gain nothing from more, and on a loaded machine multi-threaded torch is "

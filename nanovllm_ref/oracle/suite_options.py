@@ -31,8 +31,8 @@ def validate_options(config: pytest.Config) -> None:
     _check_dtypes(config.getoption("--dtype"), config.getoption("--reference"))
     if config.getoption("--tp") < 1:
         raise pytest.UsageError(f"--tp {config.getoption('--tp')}: must be an integer >= 1")
-    if config.getoption("--invariance-trials") < 1:
-        raise pytest.UsageError(f"--invariance-trials {config.getoption('--invariance-trials')}: must be an integer >= 1")
+    if (trials := config.getoption("--invariance-trials")) < 1:
+        raise pytest.UsageError(f"--invariance-trials {trials}: must be an integer >= 1")
     if config.getoption("--kernels"):
         _resolve("--kernels", config.getoption("--kernels"), "pkg.module:function returning KernelCandidates")
 

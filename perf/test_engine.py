@@ -105,7 +105,7 @@ def test_tp_scaling(benchmark, engines, perf_model, shape, ceilings, tp):
     arch, model = perf_model
     llm = engines.get(arch=arch, model=model, tp=tp)
     benchmark.group = "engine_tp"
-    # the first 128 headline requests: issue 21's TP workload (the 8B architecture at 256 sequences is KV-bound)
+    # the first 128 headline requests, the TP workload of perf/RESULTS.md (the 8B shape at 256 sequences is KV-bound)
     _throughput(benchmark, llm, workloads.headline().subset(128), shape, ceilings, 2, tp=tp)
 
 

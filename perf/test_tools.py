@@ -176,7 +176,7 @@ def test_ceiling_rows():
 
 
 def test_perf_suite_prints_ceiling_fractions():
-    """The closing summary lists each benchmark's case and fraction (issue 5: targets printed by the suite)."""
+    """The closing summary lists each benchmark's case and fraction (the targets, printed by the suite)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perf-smoke",
                           os.path.join(PERF_DIR, "test_kernels.py"), "-k", "store_kv_smoke or rmsnorm_smoke"],
                          capture_output=True, text=True, timeout=300, cwd=os.path.dirname(PERF_DIR))

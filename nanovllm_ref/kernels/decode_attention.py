@@ -19,7 +19,7 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   (longest-processing-time-first scheduling) keeps the last wave of programs short: with mixed context
   lengths, the SMs otherwise idle behind a few long sequences dispatched last. The grid is flat with the
   KV heads (and splits) of one sequence adjacent: on the headline's mixed contexts that read 5% less time
-  than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md session 8).
+  than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md, "Kernels").
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads

@@ -45,7 +45,7 @@ def conformance(session: nox.Session) -> None:
     """The conformance suite against nanovllm_ref (or `-- --engine ...`), with the summary table. With 4+ usable
     cores nanovllm_ref's run is spread over pytest-xdist workers (one per 2 cores, at most 4; one model's tests per
     worker); on 2 cores it runs serially: a worker's start-up (~14 s of CPU) costs more there than it saves, and on
-    a busy 2-core machine `-n 2` was 1.7x slower (perf/RESULTS.md). `-- -n 0` forces a serial run."""
+    a busy 2-core machine `-n 2` was 1.7x slower (perf/RESULTS.md, "CPU"). `-- -n 0` forces a serial run."""
     import os
 
     _install(session)

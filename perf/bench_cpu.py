@@ -1,17 +1,17 @@
 """CPU engine benchmark: nanovllm_ref against transformers' batched `generate` (and vLLM's CPU build when it is
 installed), interleaved round by round in one run, so a loaded machine slows every engine alike.
 
-    python -m perf.bench_cpu                                  # issue 22's workload, 3 rounds, prints the table
+    python -m perf.bench_cpu                                  # the workload below, 3 rounds, prints the table
     python -m perf.bench_cpu --rounds 5 --threads 2           # more rounds; 2 torch threads for every engine
     python -m perf.bench_cpu --vllm-python /path/venv/bin/python   # vLLM's CPU build from another venv
 
-Workload (issue 22): a golden checkpoint (default qwen3-gqa4) in float32, 32 prompts of 64-256 random token ids
+Workload: a golden checkpoint (default qwen3-gqa4) in float32, 32 prompts of 64-256 random token ids
 (`random.Random(seed)`), 64 greedy tokens each, EOS ignored. Every engine runs the whole workload once untimed
 (warm-up), then each round times one call per engine in a rotating order: nanovllm_ref's `LLM.generate` (prefix
 cache emptied first), transformers' `model.generate` of all prompts left-padded (attention mask given, so a
 prompt token equal to the pad id is not masked), vLLM's `LLM.generate` (its own Python; prefix caching off,
 `VLLM_CPU_KVCACHE_SPACE=1` GiB). Every engine runs in a worker process of its own: in one process, the engine
-that runs after transformers has loaded and generated pays 15-25% more CPU time (measured in session 6), which
+that runs after transformers has loaded and generated pays 15-25% more CPU time (measured on the 2-core VM), which
 would charge one engine for another's allocations and thread pools. Output tok/s = output tokens / wall time of
 the call. Ratios are per round (nanovllm_ref / peer, same round), then the median. The 1-minute load average is printed
 with the table: on a shared machine compare ratios, not absolute numbers.

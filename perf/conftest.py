@@ -41,7 +41,7 @@ DEFAULT_STORAGE = "file://./.benchmarks"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nanovllm_ref perf")
     for name, kwargs in (
-        ("--arch", dict(default="qwen3-0.6b", help="model architecture of the perf benchmarks (perf/models.py)")),
+        ("--arch", dict(default="qwen3-0.6b", help="architecture of the perf benchmarks (testing/bench/models.py)")),
         ("--model", dict(default=None, help="a real checkpoint folder for the perf benchmarks (overrides --arch)")),
         ("--perf-smoke", dict(action="store_true", help="also run the CPU smoke variants when a GPU is present")),
         ("--cpu-min-speedup", dict(type=float, default=1.5,

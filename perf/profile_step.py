@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _throughput(llm: Any, w: workloads.Workload, shape: ModelShape, ceilings: Any) -> dict[str, Any]:
-    """The whole workload through `generate`, timed as perf.bench_engine does (same engine, after the passes)."""
+    """The whole workload through `generate`, timed as `nanovllm-ref bench` does (same engine, after the passes)."""
     r = run_throughput(llm, w)
     roof = roofline(shape, [len(p) for p in w.prompts], w.output_lens, ceilings, 1, 2,
                     cached_prompt_tokens=r.cached_prompt_tokens)

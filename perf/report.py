@@ -157,11 +157,15 @@ def _kernels_chart(benches: list[dict[str, Any]]) -> Any:
     kern = [b for b in benches if "fraction_of_ceiling" in b]
     if not kern:
         return None
+    gpus = sorted({b["gpu"] for b in kern})
+    labels = [b["case"] if len(gpus) == 1 else f"{b['case']} [{b['gpu']}]" for b in kern]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(kern) + 1.5))
-    ax.barh([f"{b['case']} [{b['gpu']}]" for b in kern], [b["fraction_of_ceiling"] for b in kern], color="tab:green")
+    bars = ax.barh(labels, [b["fraction_of_ceiling"] for b in kern], color="tab:green")
+    ax.bar_label(bars, labels=[f"{100 * b['fraction_of_ceiling']:.0f}%" for b in kern], padding=3, fontsize=8)
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("fraction of measured ceiling (copy or matmul)")
-    ax.set_title("Kernels")
+    ax.set_xlim(0, max(1.2, max(b["fraction_of_ceiling"] for b in kern) * 1.15))
+    ax.set_xlabel("fraction of the ceiling measured in the run (copy bandwidth; prefill: matmul rate)")
+    ax.set_title("Kernels" + (f" on {gpus[0]}" if len(gpus) == 1 else ""))
     return fig
 
 

@@ -1,4 +1,4 @@
-"""CPU engine benchmark (issue 22): nanovllm_ref vs transformers' batched generate (and vLLM's CPU build when
+"""CPU engine benchmark: nanovllm_ref vs transformers' batched generate (and vLLM's CPU build when
 this Python imports it), interleaved round by round (perf/bench_cpu.py).
 
 - `test_cpu_engine_throughput` (marker `cpu_bench`): the issue's workload (qwen3-gqa4 float32, 32 prompts of

@@ -1,9 +1,9 @@
 """Engine benchmarks: headline throughput, prefix-heavy throughput, latency (TTFT / TPOT), TP=1 vs TP=2.
 
-One engine lives at a time (perf/engine_runner.EnginePool, closed at the end of this module so the kernel
-benchmarks get the GPU memory back). Each round is one `generate` of the whole workload (prefix cache emptied
-in the untimed setup); the warm-up happens when the engine is built. `extra_info` holds output / total tok/s,
-steps, and the fraction of the roofline computed from the measured ceilings (perf/roofline.py).
+One engine lives at a time (`EnginePool` of nanovllm_ref/testing/bench/runner.py, closed at the end of this module
+so the kernel benchmarks get the GPU memory back). Each round is one `generate` of the whole workload (prefix cache
+emptied in the untimed setup); the warm-up happens when the engine is built. `extra_info` holds output / total
+tok/s, steps, and the fraction of the roofline computed from the measured ceilings (testing/bench/roofline.py).
 GPU variants use --arch (default qwen3-0.6b) or --model; the smoke variants run the tiny arch on the CPU.
 """
 
@@ -115,7 +115,7 @@ def test_tp_scaling(benchmark, engines, perf_model, shape, ceilings, tp):
     arch, model = perf_model
     llm = engines.get(arch=arch, model=model, tp=tp)
     benchmark.group = "engine_tp"
-    # the first 128 headline requests: issue 21's TP workload (the 8B architecture at 256 sequences is KV-bound)
+    # the first 128 headline requests, the TP workload of perf/RESULTS.md (the 8B shape at 256 sequences is KV-bound)
     _throughput(benchmark, llm, workloads.headline().subset(128), shape, ceilings, 2, tp=tp)
 
 

@@ -65,7 +65,7 @@ def test_decode_attention(benchmark, ceilings, shape, batch, ctx):
 @pytest.mark.parametrize("step", [0, 640])  # 256 sequences of 108-1,025 tokens; 90 of 761-1,659
 def test_decode_attention_headline(benchmark, ceilings, shape, step):
     """Mixed contexts (the headline's decode step `step`), where the grid order and the longest-first order
-    matter; the uniform cases above do not see them (perf/RESULTS.md, session 8)."""
+    matter; the uniform cases above do not see them (perf/RESULTS.md, "Kernels")."""
     contexts = workloads.decode_contexts(workloads.headline(), step)
     case = kb.decode_mixed_case(shape, contexts, "cuda", torch.bfloat16, name=f"decode-headline-step{step}")
     _gpu(benchmark, case, ceilings, "decode_attention")

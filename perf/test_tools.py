@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nanovllm_ref.testing.bench import cli as bench_engine
+from nanovllm_ref.testing.bench import cli as bench_cli
 from nanovllm_ref.testing.bench import workloads
 from nanovllm_ref.testing.bench.device import gpu_slug, percentile, slug
 from nanovllm_ref.testing.bench.models import ARCHS, ModelShape, arch_config, model_folder, read_config
@@ -81,9 +81,9 @@ def test_percentile():
 
 
 @pytest.mark.smoke
-def test_bench_engine_cli_smoke(tmp_path, capsys):
+def test_bench_cli_smoke(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = bench_engine.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--mode", "all",
+    rc = bench_cli.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--mode", "all",
                             "--max-model-len", "256", "--latency-batches", "1,2", "--prompt-len", "16",
                             "--output-len", "3", "--latency-reps", "1", "--no-ceilings", "--json", str(out)])
     assert rc == 0
@@ -101,7 +101,7 @@ def test_penalized_fraction_spreads_penalties_evenly(tmp_path):
     assert len(marked) == 25 and marked[:3] == [9, 19, 29]  # 10% of 256, every tenth
     assert not any(p.uses_penalties for p in params_for(workloads.headline()))
     out = tmp_path / "r.json"
-    assert bench_engine.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
+    assert bench_cli.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
                               "--penalized-fraction", "0.5", "--no-ceilings", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["throughput"]["workload"]["penalized_fraction"] == 0.5
 
@@ -176,7 +176,7 @@ def test_ceiling_rows():
 
 
 def test_perf_suite_prints_ceiling_fractions():
-    """The closing summary lists each benchmark's case and fraction (issue 5: targets printed by the suite)."""
+    """The closing summary lists each benchmark's case and fraction (the targets, printed by the suite)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perf-smoke",
                           os.path.join(PERF_DIR, "test_kernels.py"), "-k", "store_kv_smoke or rmsnorm_smoke"],
                          capture_output=True, text=True, timeout=300, cwd=os.path.dirname(PERF_DIR))

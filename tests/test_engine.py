@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: greedy output equals transformers `generate` token for token (float32) under
+"""Greedy output equals transformers `generate` token for token (float32) under
 every scheduling regime: block sizes 16 and 256, preemption, chunked prefill, prefix cache cold and warm."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9: every bad input gets a clear error naming the problem, raised before any state changes, and the
+"""Every bad input gets a clear error naming the problem, raised before any state changes, and the
 same engine then serves a valid request correctly."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Penalties, logit bias, min_tokens, min-p, logprobs modes, n and stop strings in the engine (issue 18).
+"""Penalties, logit bias, min_tokens, min-p, logprobs modes, n and stop strings in the engine.
 
 The torch processing path is held to transformers' processors exactly on random logits; the engine's n,
 seeds, prefix-cache sharing, batch independence with async scheduling, and the incremental detokenizer."""

@@ -159,7 +159,7 @@ def test_tgi_refuses_a_prompt_that_does_not_survive_the_text_round_trip(backend:
 
 
 def test_pytest_run_against_a_server_of_another_dtype_is_refused(backend: Backend, tmp_path: Path) -> None:
-    """The CI check of issue 20: `--engine openai:URL --dtype bfloat16` against a float32 server fails the run,
+    """The CI check that `--engine openai:URL --dtype bfloat16` against a float32 server fails the run,
     naming both dtypes, instead of reporting a passing bfloat16 row."""
     with Running(backend, "vllm") as run:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -1,4 +1,4 @@
-"""Sharpness of the conformance policy (issue 3, acceptance 2): realistic bugs injected into nanovllm_ref by
+"""Sharpness of the conformance policy: realistic bugs injected into nanovllm_ref by
 monkeypatching must make the golden comparison FAIL, and the unmodified engine must PASS, with the same
 library code and tolerances as conformance/ (nanovllm_ref.oracle: compare_all, golden_tolerance, run_check).
 

@@ -1,4 +1,4 @@
-"""Soak (issue 9): a Hypothesis state machine drives the real engine (tiny model, CPU) with random adds,
+"""Soak: a Hypothesis state machine drives the real engine (tiny model, CPU) with random adds,
 aborts and steps under mixed sampling params and a small KV cache. After every step no block leaks, and
 every finished greedy request equals what it produces when run alone."""
 

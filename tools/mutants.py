@@ -50,7 +50,7 @@ RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
 ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
 BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/properties/test_scheduler_props.py"
 SAMPLING = "tests/test_sampling.py"
-SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases (issue 18)
+SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases
 ENGINE = "tests/test_engine.py"
 STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
 CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
@@ -122,7 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "slots[r] = tables[r][p // bs] * bs - t", "slots[r] = tables[r][p // bs - 1] * bs - t",
       "vectorized decode step keeps writing into the previous block after a block boundary",
       ("tests/properties/test_decode_batch.py",)),
-    # blind spots of issue 17: stop / EOS / finish reasons, per-request logprobs, prefix cache with prompt
+    # blind spots an early table showed: stop / EOS / finish reasons, per-request logprobs, prefix cache with prompt
     # logprobs, scheduler budget and chunks, max_model_len, kernel magnitudes, the MoE router
     M("eos-config-only", "nanovllm_ref/engine/llm_engine.py",
       'sources.append(json.load(f).get("eos_token_id"))', "pass",
@@ -259,7 +259,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("qkv-epilogue-v-from-k", "nanovllm_ref/kernels/qkv_epilogue.py", "        src = src + num_kv_heads * HEAD_DIM\n",
       "", "Triton fused QKV epilogue stores the raw K slice as V", ("tests/kernels/test_kernel_qkv_epilogue.py",),
       kernels("qkv_epilogue")),
-    # sampling (issue 18): each caught by the sampling conformance test (what another engine runs)
+    # sampling: each caught by the sampling conformance test (what another engine runs)
     M("sampling-top-p-drops-boundary", "nanovllm_ref/layers/sampler.py",
       "drop = probs.cumsum(dim=-1) <= 1 - top_p", "drop = probs.cumsum(dim=-1) - probs <= 1 - top_p",
       "top-p drops the token that crosses p (the nucleus falls short of p)",
@@ -296,7 +296,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "seed = (base + 2**63)", "the n samples of a request share one seed (n copies of one sample)",
       (f"{SAMPLING_CONF}::test_seeded_samples_reproducible_one_by_one",
        f"{SAMPLING_CONF}::test_sampling_distribution")),
-    # async prefill (issue 21, session 7): steps with prefill chunks launched behind the one in flight
+    # async prefill: steps with prefill chunks launched behind the one in flight
     M("async-prefill-ids-by-order", "nanovllm_ref/engine/llm_engine.py",
       "dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])",
       "dst, rows = zip(*[(dst, i) for i, (dst, seq_id) in enumerate(step.pending)])",

@@ -9,7 +9,7 @@ so one mask `key_pos <= query_pos` covers cached prefixes, chunks and mixed step
 
 Keys past a sequence's context are read from its position 0 instead of whatever the cache holds there (a
 freed block may hold another request's NaN): masked scores are zero weights, and zero times NaN would still
-poison the sum. CPU savings (issue 22): a decode step puts a KV head's whole query group in one row block (no
+poison the sum. CPU savings: a decode step puts a KV head's whole query group in one row block (no
 K/V repeat) and attends with two batched matmuls and a softmax (SDPA's flash kernel cost more on one-token
 queries); a decode step that continues the previous one (same sequences, one token more each) appends that token
 to the layer's keys gathered at the previous step instead of gathering the whole context again

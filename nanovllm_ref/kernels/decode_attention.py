@@ -19,7 +19,7 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   (longest-processing-time-first scheduling) keeps the last wave of programs short: with mixed context
   lengths, the SMs otherwise idle behind a few long sequences dispatched last. The grid is flat with the
   KV heads (and splits) of one sequence adjacent: on the headline's mixed contexts that read 5% less time
-  than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md session 8).
+  than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md, "Kernels").
 - An fp8 cache (kv_scales given) is read as fp8 and converted to the query dtype in registers (exact: every e4m3
   value is a bfloat16/float16 value); the K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).

@@ -156,7 +156,7 @@ def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query
     if max_query_len <= 16:
         block_q = max(min(block_q, 16), triton.cdiv(16, block_g))
     block_m = block_q * block_g
-    # 32 keys per tile, 2 stages: on the H200 (perf/RESULTS.md, session 7) 1.24x faster than 64 keys / 3 stages on
+    # 32 keys per tile, 2 stages: on the H200 (perf/RESULTS.md, "Kernels") 1.24x faster than 64 keys / 3 stages on
     # the headline's first prefill step (32 prompts of 100-1,024 tokens) and 1.15x on 4 x 4,096
     return {
         "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_M": block_m, "BLOCK_N": 32,

@@ -55,3 +55,19 @@ def test_bench_out_folder_is_where_the_user_says(installed: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list(out.glob("*.json"))) == 1 and not (tmp_path / "cache").exists()
     assert "stage/s" not in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "nope"], "argument --workload: invalid choice: 'nope'"),
+    (["--model", "/no/such/folder"], "--model '/no/such/folder' is not a folder with a config.json"),
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--penalized-fraction", "1.5"], "--penalized-fraction must be in [0, 1], got 1.5"),
+])
+def test_bench_mistakes_are_one_line_and_exit_2(capsys, args: list[str], message: str) -> None:
+    from nanovllm_ref.testing.bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1].startswith(f"nanovllm-ref bench: error: {message}")
+    assert "Traceback" not in err

@@ -18,6 +18,7 @@ written to `--json FILE`, else to `--out DIR` (default: the user cache folder, t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 
 from . import workloads
 from .device import device_type, machine_info, measure_ceilings
-from .models import ModelShape, model_folder, read_config
+from .models import ARCHS, ModelShape, model_folder, read_config
 from .roofline import H200, H200_HEADLINE_ROOFLINE_S, roofline
 from .runner import build_llm, run_latency, run_throughput, warmup
 from .tables import fmt, results_dir, save_result, text_table
@@ -37,9 +38,9 @@ from .tables import fmt, results_dir, save_result, text_table
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nanovllm-ref bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", default="qwen3-0.6b", help="qwen3-0.6b | qwen3-8b | qwen3-32b | tiny")
+    p.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHS), help="random-weight model shape")
     p.add_argument("--model", default=None, help="a real checkpoint folder (overrides --arch)")
-    p.add_argument("--workload", default="headline", help=f"one of {sorted(workloads.WORKLOADS)}")
+    p.add_argument("--workload", default="headline", choices=sorted(workloads.WORKLOADS))
     p.add_argument("--mode", choices=("throughput", "latency", "all"), default="throughput")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None)
     p.add_argument("--tp", type=int, default=1)
@@ -68,7 +69,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help=f"write the result into this folder (default: {results_dir()})")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _check(p, args)
+    return args
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """User mistakes end as one line and exit status 2 (argparse's), before anything is built."""
+    if args.model and not os.path.isfile(os.path.join(args.model, "config.json")):
+        p.error(f"--model {args.model!r} is not a folder with a config.json")
+    for name in ("tp", "repeat", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.num_requests is not None and args.num_requests < 1:
+        p.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    if not 0 <= args.penalized_fraction <= 1:
+        p.error(f"--penalized-fraction must be in [0, 1], got {args.penalized_fraction}")
 
 
 def _stages(args: argparse.Namespace) -> int:

@@ -70,9 +70,12 @@ def _is_dotted_name(text: str) -> bool:
 
 def _resolve(option: str, spec: str, valid: str) -> Callable:
     """Import ``pkg.module:attr`` (attr may be dotted) and return it; any failure is a usage error."""
+    from ..testing.interpreter import use_triton_interpreter
+
     module_name, _, attr = spec.partition(":")
     if not (_is_dotted_name(module_name) and _is_dotted_name(attr)):
         raise pytest.UsageError(f"{option} {spec!r}: expected {valid}")
+    use_triton_interpreter()  # as the suite's conftest does: a module defining Triton kernels sees it set (CPU)
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,21 @@ def _resolve(option: str, spec: str, valid: str) -> Callable:
     return target
 
 
+def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``["KEY=VALUE", ...]`` as ``((key, value), ...)``; VALUE is JSON when it parses (numbers, true, null,
+    lists), else the string itself."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise pytest.UsageError(f"--engine-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            parsed[key.strip()] = json.loads(raw)
+        except ValueError:
+            parsed[key.strip()] = raw
+    return tuple(parsed.items())
+
+
 def engine_arg_keys(engine: str, factory: Callable | None) -> set[str] | None:
     """The ``--engine-arg`` keys ``engine`` accepts, or None when it takes any (a ``**kwargs`` factory)."""
     from .adapters import ADAPTERS, SERVER_ADAPTERS, resolve_factory
@@ -113,8 +129,6 @@ def engine_arg_keys(engine: str, factory: Callable | None) -> set[str] | None:
 
 
 def _check_engine_args(items: list[str], engine: str, factory: Callable | None) -> None:
-    from .pytest_plugin import parse_engine_args
-
     keys = [k for k, _ in parse_engine_args(items)]
     if not keys:
         return

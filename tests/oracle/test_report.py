@@ -46,7 +46,7 @@ def test_rows_are_grouped_by_model_and_dtype_within_the_width() -> None:
 
 
 def test_the_summary_needs_no_optional_package() -> None:
-    """pandas (and numpy-free printing) blocked: the summary and the JSON report still come out."""
+    """With pandas blocked (an environment without it), the summary and the JSON report still come out."""
     code = ("import sys; sys.modules['pandas'] = None\n"
             "from tests.oracle.test_report import report\n"
             "from nanovllm_ref.oracle.report import summary_lines\n"

@@ -56,7 +56,7 @@ def conformance(session: nox.Session) -> None:
     session.run("pytest", "conformance", "-q", *xdist, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
-@nox.session
+@nox.session(default=False)  # explicit only: it downloads that torch's CUDA build (a few GB)
 def oldest(session: nox.Session) -> None:
     """`pytest conformance` at the oldest supported torch, transformers and triton (the floors in pyproject.toml),
     on the CPU with Triton's interpreter. That torch has no CPU-only build on PyPI: its CUDA build runs here with

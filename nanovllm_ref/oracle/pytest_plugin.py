@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from .suite_options import parse_engine_args
+
 REPORTS = pytest.StashKey[list]()
 
 
@@ -77,23 +79,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     check_versions()
     validate_options(config)
-
-
-def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
-    """``["KEY=VALUE", ...]`` as ``((key, value), ...)``; VALUE is JSON when it parses (numbers, true, null,
-    lists), else the string itself."""
-    import json
-
-    parsed: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise pytest.UsageError(f"--engine-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
-        try:
-            parsed[key.strip()] = json.loads(raw)
-        except ValueError:
-            parsed[key.strip()] = raw
-    return tuple(parsed.items())
 
 
 def engine_args(config: pytest.Config) -> tuple[tuple[str, Any], ...]:

@@ -121,6 +121,7 @@ class ConformanceReport:
 
 SET_COLUMNS = ("case", "mode", "prompts", "match", "diverged_ok", "fail", "max_dlogprob", "mean_dlogprob", "where")
 PROMPT_COLUMNS = ("case", "prompt", "status", "matched", "first_div", "max_dlogprob", "where")
+HEADERS = {"diverged_ok": "div-ok", "max_dlogprob": "max|dlp|", "mean_dlogprob": "mean|dlp|", "first_div": "1st-div"}
 
 
 CELL = 32  # the widest a column other than the last may be (a long prompt name is cut, not the table widened)
@@ -134,10 +135,13 @@ def _cell(value: Any, limit: int = CELL) -> str:
 def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...], indent: str = "  ",
                  width: int = WIDTH) -> list[str]:
     """Rows as aligned text lines within ``width`` columns: the last column is cut (ending in "...") to fit."""
+    if rows and all(r.get("mode") == LOGPROBS for r in rows):  # the usual mode goes without saying
+        columns = tuple(c for c in columns if c != "mode")
     cells = [[_cell(r.get(c), CELL if i < len(columns) - 1 else width) for i, c in enumerate(columns)] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    header = [HEADERS.get(c, c) for c in columns]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
     lines = []
-    for row in [list(columns)] + cells:
+    for row in [header] + cells:
         text = indent + "  ".join(v.ljust(w) for v, w in zip(row[:-1], widths[:-1])) + "  " + row[-1]
         lines.append(text if len(text) <= width else text[: width - 3] + "...")
     return lines

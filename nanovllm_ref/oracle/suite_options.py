@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -72,9 +73,12 @@ def _is_dotted_name(text: str) -> bool:
 
 def _resolve(option: str, spec: str, valid: str) -> Callable:
     """Import ``pkg.module:attr`` (attr may be dotted) and return it; any failure is a usage error."""
+    from ..testing.interpreter import use_triton_interpreter
+
     module_name, _, attr = spec.partition(":")
     if not (_is_dotted_name(module_name) and _is_dotted_name(attr)):
         raise pytest.UsageError(f"{option} {spec!r}: expected {valid}")
+    use_triton_interpreter()  # as the suite's conftest does: a module defining Triton kernels sees it set (CPU)
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as e:
@@ -86,6 +90,21 @@ def _resolve(option: str, spec: str, valid: str) -> Callable:
     if not callable(target):
         raise pytest.UsageError(f"{option} {spec!r}: {attr!r} is not callable")
     return target
+
+
+def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``["KEY=VALUE", ...]`` as ``((key, value), ...)``; VALUE is JSON when it parses (numbers, true, null,
+    lists), else the string itself."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise pytest.UsageError(f"--engine-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            parsed[key.strip()] = json.loads(raw)
+        except ValueError:
+            parsed[key.strip()] = raw
+    return tuple(parsed.items())
 
 
 def engine_arg_keys(engine: str, factory: Callable | None) -> set[str] | None:
@@ -112,8 +131,6 @@ def engine_arg_keys(engine: str, factory: Callable | None) -> set[str] | None:
 
 
 def _check_engine_args(items: list[str], engine: str, factory: Callable | None) -> None:
-    from .pytest_plugin import parse_engine_args
-
     keys = [k for k, _ in parse_engine_args(items)]
     if not keys:
         return

@@ -39,14 +39,14 @@ def test_rows_are_grouped_by_model_and_dtype_within_the_width() -> None:
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
     first = lines[: lines.index(headings[1])]
     set_row = next(line for line in first if line.strip().startswith("golden"))
-    assert set_row.split()[:6] == ["golden", "logprobs", "3", "1", "1", "1"]  # prompts, match, diverged-ok, fail
+    assert set_row.split()[:5] == ["golden", "3", "1", "1", "1"]  # prompts, match, diverged-ok, fail
     assert any("diverged-ok" in line for line in first) and any("fail" in line.split() for line in first)
     assert not any(" p0 " in line for line in first)  # exact matches only with -v
     assert any(" p0 " in line for line in summary_lines(report(), all_prompts=True))
 
 
 def test_the_summary_needs_no_optional_package() -> None:
-    """pandas (and numpy-free printing) blocked: the summary and the JSON report still come out."""
+    """With pandas blocked (an environment without it), the summary and the JSON report still come out."""
     code = ("import sys; sys.modules['pandas'] = None\n"
             "from tests.oracle.test_report import report\n"
             "from nanovllm_ref.oracle.report import summary_lines\n"

@@ -1,7 +1,8 @@
 """The wheel carries everything the conformance suite opens: a wheel built from a copy of this tree is checked
 against (a) the files a short real run of the suite opens (Python's audit hook on ``open``), and (b) for every
 golden checkpoint and dtype, the files the loaders read (checkpoint folder, outputs, sampling goldens, manifests;
-safetensors files are opened by Rust, which no audit hook sees)."""
+safetensors files are opened by Rust, which no audit hook sees), and every file under golden/ and conformance/
+(where any data the suite reads, e.g. a chat template, must live)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ def test_every_golden_the_loaders_read_is_in_the_wheel(wheel_files: set[str]) ->
         for dtype in DTYPES:
             need |= {f"golden/outputs/{p.name}" for p in output_paths(name, dtype)}
             need.add(f"golden/sampling/{(Path(SAMPLING_DIR) / f'{name}.{dtype}.json').name}")
-    need |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "conformance").glob("*.py")}
+    # and whatever else lives beside them (a chat template or data file a test opens belongs under these folders)
+    need |= {p.relative_to(ROOT).as_posix() for folder in ("golden", "conformance") for p in (ROOT / folder).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
     assert not sorted(need - wheel_files), sorted(need - wheel_files)
     assert not any(p.startswith("tests/") for p in wheel_files)

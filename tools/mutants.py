@@ -61,6 +61,9 @@ BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/propertie
 SAMPLING = "tests/test_sampling.py"
 SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases (issue 18)
 ENGINE = "tests/test_engine.py"
+ENGINE_PY, DETOK = "nanovllm_ref/engine/llm_engine.py", "nanovllm_ref/engine/detokenizer.py"
+TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  # the word-level golden
+DETOK_TESTS = "tests/engine/test_detokenizer.py"
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,53 @@ MUTANTS: tuple[Mutant, ...] = (
       "            seq.token_ids[-1] = token\n            reason = None\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
       (SCHED, "tests/test_async_scheduling.py")),
+    # text: what users read (detokenization, stop strings, finish and stop reasons, streaming, n samples)
+    M("text-context-only-with-stop", ENGINE_PY, "IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "IncrementalDetokenizer(self.tokenizer, token_ids if params.stop else [], params)",
+      "requests without stop strings are decoded without the prompt as context (a word-level text loses its "
+      "leading space)", (DETOK_TESTS,), (TEXT_CONF, *WORDS)),
+    M("text-partial-utf8-flushed", DETOK, "piece = self._step(token)\n",
+      "piece = self._step(token) or self._decode([token])\n",
+      "a token that leaves a character incomplete adds its own decoding (U+FFFD) to the text and the stream",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-reason-none", ENGINE_PY, 'seq.finish_reason, seq.stop_reason = "stop", found',
+      'seq.finish_reason = "stop"', "a stop string ends the request but stop_reason stays None",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-eos-reported-as-stop-id", ENGINE_PY, "else token != self.primary_eos",
+      "else True", "a request ended by EOS reports the EOS id as stop_reason (vLLM: None)", (DETOK_TESTS,),
+      (TEXT_CONF,)),
+    M("text-length-over-stop-string", ENGINE_PY, 'seq.finish_reason, seq.stop_reason = "stop", found',
+      "seq.stop_reason = found", "a stop string completed by the last allowed token leaves finish_reason "
+      '"length"', (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-include-stop-str-ignored", DETOK, "self.text = self.text[: at + (len(s) if self.include_stop else 0)]",
+      "self.text = self.text[:at]", "include_stop_str_in_output ignored: the stop string is always cut",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-string-inside-min-tokens", DETOK,
+      "if self.num_fed <= self.min_tokens:\n                start = len(self.text)  # text of the first min_tokens "
+      "tokens is never a stop string's end\n        self.num_fed += skipped\n        if self.stop and self.num_fed > "
+      "self.min_tokens",
+      "if self.num_fed < self.min_tokens:\n                start = len(self.text)\n        self.num_fed += skipped\n"
+      "        if self.stop and self.num_fed >= self.min_tokens",
+      "a stop string completed by the min_tokens-th token stops the request (checked one token early)",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-skip-special-ignored", DETOK, "self.skip_special = params.skip_special_tokens",
+      "self.skip_special = True", "skip_special_tokens=False ignored: special tokens never in the text",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-samples-share-detokenizer", ENGINE_PY,
+      "seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "seq.detokenizer = seqs[0].detokenizer if seqs else IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "the n samples of a request share one detokenizer (one text state)", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-token-text-kept", ENGINE_PY,
+      'on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None',
+      "on_stop_token = False", "the text of the stop token (EOS, stop_token_ids) is kept without "
+      "include_stop_str_in_output", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-spaces-between-specials-ignored", DETOK,
+      "if not (params.skip_special_tokens or params.spaces_between_special_tokens):", "if False:",
+      "spaces_between_special_tokens=False ignored (a word-level decoder's spaces stay)", (DETOK_TESTS,),
+      (TEXT_CONF, *WORDS)),
+    M("text-stream-holds-nothing", DETOK, "max(self.streamed, len(self.text) - self.hold)", "len(self.text)",
+      "streaming does not hold back a possible stop string's beginning, which the stop then cuts",
+      (DETOK_TESTS,), (TEXT_CONF,)),
 )
 
 

@@ -351,11 +351,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.text = self.text[:at]", "include_stop_str_in_output ignored: the stop string is always cut",
       (DETOK_TESTS,), (TEXT_CONF,)),
     M("text-stop-string-inside-min-tokens", DETOK,
-      "if self.num_fed <= self.min_tokens:\n                start = len(self.text)  # text of the first min_tokens "
-      "tokens is never a stop string's end\n        self.num_fed += skipped\n        if self.stop and self.num_fed > "
-      "self.min_tokens",
-      "if self.num_fed < self.min_tokens:\n                start = len(self.text)\n        self.num_fed += skipped\n"
-      "        if self.stop and self.num_fed >= self.min_tokens",
+      "self.min_tokens - self.num_fed))  # tokens within the first min_tokens\n        if early:\n            self.text"
+      " += self._pieces(tokens[:early])  # never a stop string's end\n        start = len(self.text)\n        self.text"
+      " += self._pieces(tokens[early:])\n        self.num_fed += len(token_ids)\n        if self.stop and "
+      "self.num_fed > self.min_tokens",
+      "self.min_tokens - self.num_fed - 1))\n        if early:\n            self.text += self._pieces(tokens[:early])\n"
+      "        start = len(self.text)\n        self.text += self._pieces(tokens[early:])\n        self.num_fed += "
+      "len(token_ids)\n        if self.stop and self.num_fed >= self.min_tokens",
       "a stop string completed by the min_tokens-th token stops the request (checked one token early)",
       (DETOK_TESTS,), (TEXT_CONF,)),
     M("text-skip-special-ignored", DETOK, "self.skip_special = params.skip_special_tokens",

@@ -160,7 +160,7 @@ INVARIANCE_CASES: dict[str, tuple[str, ...]] = {
     "mistral-hd64": ("test_alone_vs_batched",),
     # other tokenizer kinds (random weights), there for the text module: one batching case each
     "qwen3-words-hd32": ("test_alone_vs_batched",),
-    "llama-spm-hd32": ("test_alone_vs_batched",),
+    "mistral-spm-hd32": ("test_alone_vs_batched",),
 }
 
 

@@ -14,7 +14,7 @@ from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
 from nanovllm_ref.engine.loading import load_tokenizer
 from nanovllm_ref.oracle.text_reference import ReferenceText, TextRules
 
-BPE, WORDS, SPM = "qwen3-tiny", "qwen3-words-hd32", "llama-spm-hd32"
+BPE, WORDS, SPM = "qwen3-tiny", "qwen3-words-hd32", "mistral-spm-hd32"
 GREEDY = dict(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 

@@ -115,8 +115,8 @@ SPECS: list[CheckpointSpec] = [
     # is text, not the arithmetic), the logits scaled to a std of 4 so that next-token distributions are peaked.
     CheckpointSpec("qwen3-words-hd32", "qwen3", _arch(64, 128, 2, 2, 1, False, 1e6, head_dim=32), seed=21,
                    tokenizer="words", random_logit_std=4.0),
-    CheckpointSpec("llama-spm-hd32", "llama", _arch(64, 128, 2, 2, 1, False, 1e4, head_dim=32), seed=22,
-                   tokenizer="spm", random_logit_std=4.0),
+    CheckpointSpec("mistral-spm-hd32", "mistral", _arch(64, 128, 2, 2, 1, False, 1e4, head_dim=32, sliding_window=None),
+                   seed=22, tokenizer="spm", random_logit_std=4.0),
 ]
 
 

@@ -134,7 +134,7 @@ def test_detokenizer_streams_whole_characters_that_concatenate_to_the_text(token
     ids = tokenizer.encode(text)
     split = [c for c in "\U0001f642\u4e2d" if len(tokenizer.encode(c)) > 1]
     assert split, "the test needs a character the tokenizer splits over several tokens"
-    detok = IncrementalDetokenizer(tokenizer, [], ())
+    detok = IncrementalDetokenizer(tokenizer, [], SamplingParams())
     pieces = []
     for t in ids:
         detok.add([t])
@@ -152,7 +152,7 @@ def test_detokenizer_finds_a_stop_string_across_tokens_and_never_streams_past_it
     pieces_of = [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
     cut = next(len(p) for p in pieces_of[2:] if 1 < len(p) < len(text) - 2)
     stop = text[cut - 2 : cut + 2]  # spans the boundary between two tokens
-    detok = IncrementalDetokenizer(tokenizer, [], (stop,), include)
+    detok = IncrementalDetokenizer(tokenizer, [], SamplingParams(stop=stop, include_stop_str_in_output=include))
     streamed, found = "", None
     for t in ids:
         found = detok.add([t])

@@ -1,4 +1,4 @@
-"""The server's streamed text (serve/handlers.Choice over the engine's IncrementalDetokenizer) with the golden
+"""The server's streamed text (serve/handlers.Choice passing on the engine's detokenizer pieces) with the golden
 byte-level BPE tokenizer: pieces never split a multi-byte UTF-8 character and add up to the engine's final text;
 a possible stop string is held back while the request runs, and the engine's stop (trimmed like vLLM, min_tokens
 aware) is what the stream ends with."""
@@ -28,28 +28,45 @@ def tok():
 
 
 def _choice(tok, params: SamplingParams) -> Choice:
-    return Choice(0, 0, PROMPT, IncrementalDetokenizer.for_request(tok, PROMPT, params))
+    return Choice(0, 0, PROMPT)
 
 
-def _engine_output(tok, ids: list[int], params: SamplingParams, text: str | None = None) -> RequestOutput:
-    """What the engine returns for output `ids` (its text as the engine makes it, unless `text` is given)."""
-    if text is None:
-        detok = IncrementalDetokenizer.for_request(tok, PROMPT, params)
-        for i, token in enumerate(ids):
-            if detok.add([token], check_stop=i + 1 >= params.min_tokens):
-                ids = ids[: i + 1]
-                break
-        text = detok.finish() if params.stop else tok.decode(ids, skip_special_tokens=True)
-    sample = CompletionOutput(0, list(ids), text, "stop" if params.stop else "length")
-    return RequestOutput("r", PROMPT, list(ids), text, sample.finish_reason, outputs=[sample])
+class _Engine:
+    """The engine's side of one request: its detokenizer fed each step (stop strings checked), Deltas carrying
+    LLMEngine.new_text's pieces, then the RequestOutput with the final text."""
+
+    def __init__(self, tok, params: SamplingParams) -> None:
+        self.detok, self.params, self.ids = IncrementalDetokenizer(tok, PROMPT, params), params, []
+
+    def delta(self, ids: list[int]) -> Delta:
+        self.ids += ids
+        self.detok.add(ids)
+        return Delta(0, ids, None, text=self.detok.stream())
+
+    def output(self, ids: list[int]) -> RequestOutput:
+        self.detok.add(ids[len(self.ids):])
+        text = self.detok.finish()
+        sample = CompletionOutput(0, list(ids), text, "stop" if self.params.stop else "length")
+        return RequestOutput("r", PROMPT, list(ids), text, sample.finish_reason, outputs=[sample])
+
+
+def _engine_output(tok, ids: list[int], params: SamplingParams) -> RequestOutput:
+    """What the engine returns for output `ids` (cut at its stop string)."""
+    detok = IncrementalDetokenizer(tok, PROMPT, params)
+    for i, token in enumerate(ids):
+        if detok.add([token]):
+            ids = ids[: i + 1]
+            break
+    return _Engine(tok, params).output(ids)
 
 
 def _stream(tok, ids: list[int], params: SamplingParams, chunk: int = 1, sent: int | None = None) -> list[str]:
     """The pieces a choice streams when the engine delivers ids[:sent] in Deltas of `chunk` tokens, then ends."""
-    choice, sent = _choice(tok, params), len(ids) if sent is None else sent
-    pieces = [choice.absorb(Delta(0, ids[i:min(i + chunk, sent)], None)) for i in range(0, sent, chunk)]
-    pieces.append(choice.absorb(_engine_output(tok, ids, params)))
-    assert "".join(pieces) == choice.text and choice.finish_reason is not None
+    choice, engine, sent = _choice(tok, params), _Engine(tok, params), len(ids) if sent is None else sent
+    pieces = [choice.absorb(engine.delta(ids[i:min(i + chunk, sent)])) for i in range(0, sent, chunk)]
+    final = _engine_output(tok, ids, params)
+    pieces.append(choice.absorb(final))
+    assert "".join(pieces) == choice.text == final.text and choice.finish_reason is not None
     return pieces
 
 
@@ -83,8 +100,8 @@ def test_a_stop_string_is_held_back_then_the_engine_trims_it(tok, include):
 def test_held_back_text_that_is_no_stop_is_released(tok):
     ids = tok.encode("abc START")
     params = SamplingParams(stop=("STOP",))
-    choice = _choice(tok, params)
-    early = "".join(choice.absorb(Delta(0, [t], None)) for t in ids)
+    choice, engine = _choice(tok, params), _Engine(tok, params)
+    early = "".join(choice.absorb(engine.delta([t])) for t in ids)
     assert "abc START".startswith(early) and len(early) >= len("abc START") - 3  # at most len("STOP") - 1 held
     assert early + choice.absorb(_engine_output(tok, ids, params)) == "abc START"
 

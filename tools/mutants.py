@@ -55,6 +55,9 @@ ENGINE = "tests/test_engine.py"
 STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
 CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
 TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
+ENGINE_PY, DETOK = "nanovllm_ref/engine/llm_engine.py", "nanovllm_ref/engine/detokenizer.py"
+TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  # the word-level golden
+DETOK_TESTS = "tests/engine/test_detokenizer.py"
 
 
 M = Mutant
@@ -371,6 +374,55 @@ MUTANTS: tuple[Mutant, ...] = (
       "sdpa backend: decode steps scale scores by 0.9/sqrt(d), prefill right (caught without any reference: "
       "decode-time logprobs disagree with a re-prefill)", (SDPA_ORACLE,),
       ("conformance/test_self_consistency.py", "--reference", "none")),
+    # text: what users read (detokenization, stop strings, finish and stop reasons, streaming, n samples)
+    M("text-context-only-with-stop", ENGINE_PY, "IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "IncrementalDetokenizer(self.tokenizer, token_ids if params.stop else [], params)",
+      "requests without stop strings are decoded without the prompt as context (a word-level text loses its "
+      "leading space)", (DETOK_TESTS,), (TEXT_CONF, *WORDS)),
+    M("text-partial-utf8-flushed", DETOK, "piece = step(backend, token)\n",
+      "piece = step(backend, token) or self._decode([token])\n",
+      "a token that leaves a character incomplete adds its own decoding (U+FFFD) to the text and the stream",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-reason-none", ENGINE_PY, 'seq.finish_reason, seq.stop_reason = "stop", found',
+      'seq.finish_reason = "stop"', "a stop string ends the request but stop_reason stays None",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-eos-reported-as-stop-id", ENGINE_PY, "else token != self.primary_eos",
+      "else True", "a request ended by EOS reports the EOS id as stop_reason (vLLM: None)", (DETOK_TESTS,),
+      (TEXT_CONF,)),
+    M("text-length-over-stop-string", ENGINE_PY, 'seq.finish_reason, seq.stop_reason = "stop", found',
+      "seq.stop_reason = found", "a stop string completed by the last allowed token leaves finish_reason "
+      '"length"', (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-include-stop-str-ignored", DETOK, "self.text = self.text[: at + (len(s) if self.include_stop else 0)]",
+      "self.text = self.text[:at]", "include_stop_str_in_output ignored: the stop string is always cut",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-string-inside-min-tokens", DETOK,
+      "self.min_tokens - self.num_fed))  # tokens within the first min_tokens\n        if early:\n            self.text"
+      " += self._pieces(tokens[:early])  # never a stop string's end\n        start = len(self.text)\n        self.text"
+      " += self._pieces(tokens[early:])\n        self.num_fed += len(token_ids)\n        if self.stop and "
+      "self.num_fed > self.min_tokens",
+      "self.min_tokens - self.num_fed - 1))\n        if early:\n            self.text += self._pieces(tokens[:early])\n"
+      "        start = len(self.text)\n        self.text += self._pieces(tokens[early:])\n        self.num_fed += "
+      "len(token_ids)\n        if self.stop and self.num_fed >= self.min_tokens",
+      "a stop string completed by the min_tokens-th token stops the request (checked one token early)",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-skip-special-ignored", DETOK, "self.skip_special = params.skip_special_tokens",
+      "self.skip_special = True", "skip_special_tokens=False ignored: special tokens never in the text",
+      (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-samples-share-detokenizer", ENGINE_PY,
+      "seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "seq.detokenizer = seqs[0].detokenizer if seqs else IncrementalDetokenizer(self.tokenizer, token_ids, params)",
+      "the n samples of a request share one detokenizer (one text state)", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-stop-token-text-kept", ENGINE_PY,
+      'on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None',
+      "on_stop_token = False", "the text of the stop token (EOS, stop_token_ids) is kept without "
+      "include_stop_str_in_output", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("text-spaces-between-specials-ignored", DETOK,
+      "if not (params.skip_special_tokens or params.spaces_between_special_tokens):", "if False:",
+      "spaces_between_special_tokens=False ignored (a word-level decoder's spaces stay)", (DETOK_TESTS,),
+      (TEXT_CONF, *WORDS)),
+    M("text-stream-holds-nothing", DETOK, "max(self.streamed, len(self.text) - self.hold)", "len(self.text)",
+      "streaming does not hold back a possible stop string's beginning, which the stop then cuts",
+      (DETOK_TESTS,), (TEXT_CONF,)),
 )
 
 

@@ -85,8 +85,8 @@ class IncrementalDetokenizer:
             self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self.last_added = False
         self.stream_state = self._new_stream()
-        for token in prompt_context(self._decode, prompt_ids):
-            self._step(token)
+        self._pieces(prompt_context(self._decode, prompt_ids))
+        self.last_added = False  # (the prompt's last token does not count, as in vLLM)
         self.num_fed = 0  # output tokens fed
         self.text = ""
         self.hold = max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
@@ -106,24 +106,29 @@ class IncrementalDetokenizer:
 
         return DecodeStream(skip_special_tokens=self.skip_special)
 
-    def _step(self, token: int) -> str:
-        try:
-            piece = self.stream_state.step(self.backend, token)
-        except Exception as e:  # a decoding that is not monotonic: start over from this token (as vLLM)
-            if not str(e).startswith(_INVALID_PREFIX):
-                raise
-            self.stream_state = self._new_stream()
-            piece = self.stream_state.step(self.backend, token)
-        return piece or ""
+    def _restart(self, token: int, error: Exception) -> str | None:
+        """A decoding that is not monotonic: start over from this token alone (as vLLM)."""
+        if not str(error).startswith(_INVALID_PREFIX):
+            raise error
+        self.stream_state = self._new_stream()
+        return self.stream_state.step(self.backend, token)
 
-    def _next_piece(self, token: int) -> str:
-        piece = self._step(token)
-        if self.added:
-            content = self.added.get(token)
-            if content is not None and self.last_added:
-                piece = content
-            self.last_added = content is not None
-        return piece
+    def _pieces(self, tokens: list[int]) -> str:
+        """The text `tokens` add, one token at a time (a tight loop: every request's every token comes here)."""
+        out, step, backend, added = [], self.stream_state.step, self.backend, self.added
+        for token in tokens:
+            try:
+                piece = step(backend, token)
+            except Exception as e:
+                piece, step = self._restart(token, e), self.stream_state.step
+            if added:
+                content = added.get(token)
+                if content is not None and self.last_added:
+                    piece = content
+                self.last_added = content is not None
+            if piece:
+                out.append(piece)
+        return "".join(out)
 
     def add(self, token_ids: list[int], stop_terminated: bool = False) -> str | None:
         """Feed output tokens (`stop_terminated`: the last one is the stop token that ended the sequence); returns
@@ -131,13 +136,13 @@ class IncrementalDetokenizer:
         if self.stopped or self.finished or not token_ids:
             return None
         skipped = stop_terminated and not self.include_stop
+        tokens = token_ids[:-1] if skipped else token_ids
+        early = max(0, min(len(tokens), self.min_tokens - self.num_fed))  # tokens within the first min_tokens
+        if early:
+            self.text += self._pieces(tokens[:early])  # never a stop string's end
         start = len(self.text)
-        for token in token_ids[:-1] if skipped else token_ids:
-            self.num_fed += 1
-            self.text += self._next_piece(token)
-            if self.num_fed <= self.min_tokens:
-                start = len(self.text)  # text of the first min_tokens tokens is never a stop string's end
-        self.num_fed += skipped
+        self.text += self._pieces(tokens[early:])
+        self.num_fed += len(token_ids)
         if self.stop and self.num_fed > self.min_tokens and len(self.text) > start:
             return self._find_stop(start)
         return None

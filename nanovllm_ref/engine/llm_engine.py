@@ -302,7 +302,7 @@ class LLMEngine:
             del self._by_seq_id[s.seq_id]
             self._with_stop_strings.pop(s.seq_id, None)
             tokens = s.output_token_ids
-            text = self._text(s)
+            text = self._text(s)  # (before a stop token becomes the stop_reason: its text is left out)
             if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):
                 s.stop_reason = tokens[-1]
             samples.append(CompletionOutput(i, tokens, text, s.finish_reason, s.stop_reason, s.logprobs,

@@ -134,7 +134,7 @@ class VLLMAdapter:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from .requests import Completion, UnsupportedSetting
+        from .requests import UNREPORTED, Completion, UnsupportedSetting
 
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         mode = getattr(getattr(config, "logprobs_mode", "raw_logprobs"), "value", None) or str(
@@ -153,7 +153,8 @@ class VLLMAdapter:
         return [[Completion(list(c.token_ids), c.finish_reason,
                             None if c.logprobs is None else [_step_dict(step) for step in c.logprobs],
                             None if o.prompt_logprobs is None else [_step_dict(p) for p in o.prompt_logprobs],
-                            getattr(o, "num_cached_tokens", None), c.text, c.stop_reason) for c in o.outputs]
+                            getattr(o, "num_cached_tokens", None), c.text, getattr(c, "stop_reason", UNREPORTED))
+                 for c in o.outputs]
                 for o in outs]
 
     def stream_requests(self, requests: list) -> list:
@@ -163,7 +164,7 @@ class VLLMAdapter:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from .requests import Completion, StreamedCompletion
+        from .requests import UNREPORTED, Completion, StreamedCompletion
 
         engine = self.llm.llm_engine
         ids = [f"text-stream-{i}" for i in range(len(requests))]
@@ -182,7 +183,8 @@ class VLLMAdapter:
                         s.pieces.append(c.text)
                         s.completion.text += c.text
                     if c.finish_reason is not None:
-                        s.completion.finish_reason, s.completion.stop_reason = c.finish_reason, c.stop_reason
+                        s.completion.finish_reason = c.finish_reason
+                        s.completion.stop_reason = getattr(c, "stop_reason", UNREPORTED)
         return [state[rid] for rid in ids]
 
     def close(self) -> None:

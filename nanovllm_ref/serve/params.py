@@ -97,7 +97,8 @@ def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
         _engine_feature(kwargs, name, getattr(req, name))
     _engine_feature(kwargs, "logit_bias", _logit_bias(req.logit_bias))
     kwargs.update(stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output,
-                  skip_special_tokens=req.skip_special_tokens)
+                  skip_special_tokens=req.skip_special_tokens,
+                  spaces_between_special_tokens=req.spaces_between_special_tokens)
     if not 1 <= req.n <= MAX_N:
         raise BadRequest(f"n must be in [1, {MAX_N}], got {req.n}", "n")
     kwargs["n"] = req.n

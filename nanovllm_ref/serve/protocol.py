@@ -3,7 +3,8 @@
 Pydantic models with `extra="forbid"`: a parameter this server does not know is a 400 naming it, never silently
 ignored. Fields follow the OpenAI API reference and vLLM's `entrypoints/openai/protocol.py` (its extensions:
 `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `return_tokens_as_token_ids`).
+`include_stop_str_in_output`, `skip_special_tokens`, `spaces_between_special_tokens`, `prompt_logprobs`,
+`return_tokens_as_token_ids`).
 Values are range-checked later, by `SamplingParams` and the engine, so the messages are the engine's own.
 """
 
@@ -48,6 +49,7 @@ class _SamplingRequest(_Strict):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     prompt_logprobs: int | None = None
     return_tokens_as_token_ids: bool = False
 

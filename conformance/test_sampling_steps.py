@@ -10,8 +10,9 @@ request's settings are what the engine must report (raw: of the model's logits; 
 min_tokens, penalties, temperature and top-k/top-p/min-p, vLLM's definition). Checked at every step: each value the
 engine reports within the float32 tolerance of the reference's (scaled by 1/temperature where processed), the
 reference's top tokens present, the drawn token one the reference allows; greedy: the drawn token is the
-reference's argmax (the reference's own trajectory). The biased tokens repeat within the trajectory, so a count
-kept wrong (once per token, presence as frequency, prompt tokens counted) shows as a value off by a penalty.
+reference's argmax (the engine must walk the reference's own trajectory). The biased tokens repeat within the
+trajectory, so a count kept wrong (once per token, presence as frequency, prompt tokens counted, shared by the n
+samples of a request) shows as a value off by a penalty.
 
 Seeds. Unseeded requests in one batch must be independent: NUM_UNSEEDED requests of one prompt draw their first
 token; the number of pairs that drew the same token is compared with its distribution under independence
@@ -44,8 +45,9 @@ def _biased(top: list[int], ranks: tuple[int, ...], bias: float) -> dict[int, fl
     return {top[r]: bias for r in ranks}
 
 
-# name -> (params from (tokens ranked by raw probability at the prefix, EOS ids), prefix index); heavily biased
-# tokens come back step after step, so their counts reach 3 and more within the trajectory
+# name -> (params from (tokens ranked by raw probability at the prefix, EOS ids), prefix index, n); heavily biased
+# tokens come back step after step, so their counts reach 3 and more within the trajectory; with n = 2 each sample
+# keeps its own counts
 TRAJECTORIES = {
     "frequency": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "frequency_penalty": 1.0}, 0, 2),
     "presence": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "presence_penalty": 1.5}, 1, 1),
@@ -90,11 +92,13 @@ def step_problems(got: dict[int, float], want: torch.Tensor, drawn: int, tol: fl
 
 
 def run_modes(request_engine, prompt: list[int], params: dict) -> dict:  # noqa: F811
-    """logprobs_mode -> the request's completions, all modes in one batch; an engine whose mode is an engine-wide
-    setting (vLLM) runs the modes it takes one by one, and the others are left out (none: skipped)."""
+    """logprobs_mode -> the request's completions, all modes in one batch behind a request that finishes after 3
+    tokens (the rows behind it move up); an engine whose mode is an engine-wide setting (vLLM) runs the modes it
+    takes one by one, and the others are left out (none: skipped)."""
     specs = {m: RequestSpec(prompt, {**params, "logprobs_mode": m}) for m in MODES}
+    early = RequestSpec(prompt[:5], {"temperature": 1.0, "max_tokens": 3, "ignore_eos": True})  # its row leaves early
     try:
-        return dict(zip(MODES, request_engine.run_requests(list(specs.values()))))
+        return dict(zip(MODES, request_engine.run_requests([early, *specs.values()])[1:]))
     except UnsupportedSetting:
         pass
     runs = {}

@@ -10,6 +10,11 @@ Settings use vLLM's ``SamplingParams`` names (``temperature``, ``top_k``, ``top_
 ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``min_tokens``, ``logit_bias``, ...), so
 an adapter for vLLM passes them through unchanged. An engine that does not support a setting raises
 :class:`UnsupportedSetting` naming it; the case that needs it is then skipped with that message, never passed.
+
+Cached tokens (optional): a completion's ``num_cached_tokens`` is the prompt tokens the engine's prefix cache
+served (None: not reported). The prefix-cache accounting cases (conformance/test_prefix_cache.py) also need the
+adapter's factory to have ``prefix_cache_kwargs(block_size, num_blocks, max_model_len) -> dict``, the factory
+kwargs of a cache of ``num_blocks`` usable blocks with prefix caching on (nanovllm_ref and vllm have it).
 """
 
 from __future__ import annotations

@@ -158,9 +158,9 @@ def live_prompts(model_path: str) -> tuple[list[list[int]], list[str]]:
 INVARIANCE_CASES: dict[str, tuple[str, ...]] = {
     # o_proj and down_proj biases: added once after the all-reduce, not once per rank
     "llama3-bias-hd32": ("test_tensor_parallel", "test_engine_setting[chunked-prefill-7]"),
-    # unnormalized router at TP=2 (replicated router, split experts, one all-reduce; o_proj bias), also in bfloat16;
-    # routing per token must not depend on the batch
-    "qwen3-moe-unnorm-hd32": ("test_tensor_parallel", "test_alone_vs_batched", "test_tensor_parallel_bfloat16"),
+    # unnormalized router at TP=2 (replicated router, split experts, one all-reduce; o_proj bias); routing per token
+    # must not depend on the batch
+    "qwen3-moe-unnorm-hd32": ("test_tensor_parallel", "test_alone_vs_batched"),
     # Qwen3 attention_bias (o_proj bias) at TP=2 with hidden states in the hundreds
     "qwen3-bias-hd32": ("test_tensor_parallel",),
     # head_dim 64 through the paged paths: prefix cache, 256-token blocks, preemption
@@ -172,6 +172,10 @@ INVARIANCE_CASES: dict[str, tuple[str, ...]] = {
     "mistral-spm-hd32": ("test_alone_vs_batched",),
 }
 
+# TP=2 in bfloat16 (the half-precision all-reduce) in the default sweep: a dense Qwen3, the row-parallel biases added
+# after the all-reduce, the MoE experts' all-reduce (~5 s each on 2 cores); --model runs it on any checkpoint
+TP_BFLOAT16_SWEEP = ("qwen3-tiny", "llama3-bias-hd32", "qwen3-moe-unnorm-hd32")
+
 
 # test_batch_invariance.py in the default sweep: a dense GQA model and the MoE one (routing per token must not see
 # the batch); naming checkpoints with --model runs it on those
@@ -179,8 +183,8 @@ BATCH_INVARIANCE_MODELS = ("qwen3-tiny", "qwen3-moe-tiny")
 
 
 def deselect_invariance_cases(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the invariance cases that :data:`INVARIANCE_CASES` and :data:`BATCH_INVARIANCE_MODELS` do not choose
-    for a checkpoint (default sweep only)."""
+    """Drop the invariance cases that :data:`INVARIANCE_CASES`, :data:`TP_BFLOAT16_SWEEP` and
+    :data:`BATCH_INVARIANCE_MODELS` do not choose for a checkpoint (default sweep only)."""
     if config.getoption("--model"):
         return
     keep, dropped = [], []
@@ -188,6 +192,8 @@ def deselect_invariance_cases(config: pytest.Config, items: list[pytest.Item]) -
         callspec = getattr(item, "callspec", None)
         spec = callspec.params.get("model_spec") if callspec else None
         chosen = INVARIANCE_CASES.get(spec.name) if isinstance(spec, ModelSpec) else None
+        if isinstance(spec, ModelSpec) and getattr(item, "originalname", "") == "test_tensor_parallel_bfloat16":
+            chosen = ("test_tensor_parallel_bfloat16",) if spec.name in TP_BFLOAT16_SWEEP else ()
         if Path(str(item.path)).name == "test_batch_invariance.py" and isinstance(spec, ModelSpec):
             (keep if spec.name in BATCH_INVARIANCE_MODELS else dropped).append(item)
         elif chosen is None or Path(str(item.path)).name != "test_invariance.py" or _is_chosen(item, chosen):

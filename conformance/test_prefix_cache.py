@@ -7,9 +7,10 @@ block a request leaves behind is full and cached, and no policy for partial bloc
 must hit follows from the cache policy of vLLM's automatic prefix caching (and nanovllm_ref's): a freed block stays
 cached until it is reused; free blocks are reused least recently freed first, and a request's blocks are freed tail
 first (its last block is evicted before its first, so a prefix outlives its suffix); a hit is the longest run of
-cached leading blocks, leaving at least one prompt token to compute. The expected counts (EXPECTED) were derived
-by hand from that policy, step by step, in the comments of SCRIPT. Then two fresh prompts that cannot both fit run
-together, forcing a preemption: their cached tokens are those of their first admission (0), not of a recompute.
+cached leading blocks, leaving at least one prompt token to compute. The expected counts (EXPECTED) follow from
+that policy step by step, as the comments of SCRIPT trace. A request with prompt logprobs then hits nothing (every
+prompt position must be computed). Then two fresh prompts that cannot both fit run together, forcing a preemption:
+their cached tokens are those of their first admission (0), not of a recompute.
 
 What the engine reports: ``Completion.num_cached_tokens`` (vLLM's ``RequestOutput.num_cached_tokens``; servers:
 ``usage.prompt_tokens_details.cached_tokens``). An engine that reports none, or whose adapter cannot size its
@@ -78,8 +79,8 @@ def _prompts(vocab: int) -> tuple[dict[str, list[int]], random.Random]:
     return {name: [rng.randrange(3, vocab) for _ in range(n * BLOCK_SIZE)] for name, n in SEGMENTS.items()}, rng
 
 
-def _cached(adapter, prompt: list[int], max_tokens: int) -> int:
-    params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+def _cached(adapter, prompt: list[int], max_tokens: int, **extra: int) -> int:
+    params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, **extra}
     try:
         completion = adapter.run_requests([RequestSpec(prompt, params)])[0][0]
     except UnsupportedSetting as e:
@@ -97,6 +98,9 @@ def test_cached_tokens_follow_lru(cache_engine) -> None:
            for i, ((name, want), g) in enumerate(zip(SCRIPT, got)) if g != want]
     assert not bad, (f"cached prompt tokens (blocks of {BLOCK_SIZE}, {BLOCKS} blocks; LRU, tail first): got {got}, "
                      f"expected {EXPECTED}:\n" + "\n".join(bad))
+    # C0-C2 are cached now, but prompt logprobs need every prompt position computed: no hit (vLLM skips the cache)
+    with_prompt_logprobs = _cached(adapter, segments["C"] + [rng.randrange(3, vocab)], 1, prompt_logprobs=1)
+    assert with_prompt_logprobs == 0, f"a request with prompt_logprobs reports {with_prompt_logprobs} cached tokens"
 
 
 def test_cached_tokens_after_preemption(cache_engine) -> None:

@@ -10,8 +10,9 @@ request's settings are what the engine must report (raw: of the model's logits; 
 min_tokens, penalties, temperature and top-k/top-p/min-p, vLLM's definition). Checked at every step: each value the
 engine reports within the float32 tolerance of the reference's (scaled by 1/temperature where processed), the
 reference's top tokens present, the drawn token one the reference allows; greedy: the drawn token is the
-reference's argmax (the reference's own trajectory). The biased tokens repeat within the trajectory, so a count
-kept wrong (once per token, presence as frequency, prompt tokens counted) shows as a value off by a penalty.
+reference's argmax (the engine must walk the reference's own trajectory). The biased tokens repeat within the
+trajectory, so a count kept wrong (once per token, presence as frequency, prompt tokens counted, shared by the n
+samples of a request) shows as a value off by a penalty.
 
 Seeds. Unseeded requests in one batch must be independent: NUM_UNSEEDED requests of one prompt draw their first
 token; the number of pairs that drew the same token is compared with its distribution under independence
@@ -44,18 +45,19 @@ def _biased(top: list[int], ranks: tuple[int, ...], bias: float) -> dict[int, fl
     return {top[r]: bias for r in ranks}
 
 
-# name -> (params from (tokens ranked by raw probability at the prefix, EOS ids), prefix index); heavily biased
-# tokens come back step after step, so their counts reach 3 and more within the trajectory
+# name -> (params from (tokens ranked by raw probability at the prefix, EOS ids), prefix index, n); heavily biased
+# tokens come back step after step, so their counts reach 3 and more within the trajectory; with n = 2 each sample
+# keeps its own counts
 TRAJECTORIES = {
-    "frequency": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "frequency_penalty": 1.0}, 0),
-    "presence": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "presence_penalty": 1.5}, 1),
-    "repetition": (lambda top, eos: {"repetition_penalty": 1.5, "temperature": 0.8}, 0),
+    "frequency": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "frequency_penalty": 1.0}, 0, 2),
+    "presence": (lambda top, eos: {"logit_bias": _biased(top, (0, 1, 2), 20.0), "presence_penalty": 1.5}, 1, 1),
+    "repetition": (lambda top, eos: {"repetition_penalty": 1.5, "temperature": 0.8}, 0, 1),
     "mixed-top-k": (lambda top, eos: {"logit_bias": _biased(top, (0, 1), 7.0), "frequency_penalty": 0.6,
                                       "presence_penalty": 0.5, "repetition_penalty": 1.2, "top_k": 20,
-                                      "temperature": 0.9}, 1),
-    "min-tokens": (lambda top, eos: {"logit_bias": {eos[0]: 8.0}, "min_tokens": 4} if eos else {"min_tokens": 4}, 0),
+                                      "temperature": 0.9}, 1, 1),
+    "min-tokens": (lambda top, eos: {"logit_bias": {eos[0]: 8.0}, "min_tokens": 4} if eos else {"min_tokens": 4}, 0, 1),
     "greedy-frequency": (lambda top, eos: {"temperature": 0.0, "logit_bias": _biased(top, (0, 1), 20.0),
-                                           "frequency_penalty": 1.0}, 1),
+                                           "frequency_penalty": 1.0}, 1, 1),
 }
 
 
@@ -90,17 +92,19 @@ def step_problems(got: dict[int, float], want: torch.Tensor, drawn: int, tol: fl
 
 
 def run_modes(request_engine, prompt: list[int], params: dict) -> dict:  # noqa: F811
-    """logprobs_mode -> the completion, all modes in one batch; an engine whose mode is an engine-wide setting
-    (vLLM) runs the modes it takes one by one, and the others are left out (none: skipped)."""
+    """logprobs_mode -> the request's completions, all modes in one batch behind a request that finishes after 3
+    tokens (the rows behind it move up); an engine whose mode is an engine-wide setting (vLLM) runs the modes it
+    takes one by one, and the others are left out (none: skipped)."""
     specs = {m: RequestSpec(prompt, {**params, "logprobs_mode": m}) for m in MODES}
+    early = RequestSpec(prompt[:5], {"temperature": 1.0, "max_tokens": 3, "ignore_eos": True})  # its row leaves early
     try:
-        return {m: o[0] for m, o in zip(MODES, request_engine.run_requests(list(specs.values())))}
+        return dict(zip(MODES, request_engine.run_requests([early, *specs.values()])[1:]))
     except UnsupportedSetting:
         pass
     runs = {}
     for m, spec in specs.items():
         try:
-            runs[m] = request_engine.run_requests([spec])[0][0]
+            runs[m] = request_engine.run_requests([spec])[0]
         except UnsupportedSetting:
             continue
     if not runs:
@@ -108,32 +112,40 @@ def run_modes(request_engine, prompt: list[int], params: dict) -> dict:  # noqa:
     return runs
 
 
+def sample_problems(sampler_ref, prompt: list[int], params: dict, mode: str, completion, tol: float) -> list[str]:  # noqa: F811
+    """Every step of one completion against the reference fed its tokens."""
+    tokens = list(completion.token_ids)
+    if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+        return [f"{mode}: not one logprobs dict per token"]
+    temperature = params.get("temperature", 1.0)
+    if mode.startswith("processed") and temperature > 0:
+        tol /= temperature
+    bad = []
+    for j, (got, drawn) in enumerate(zip(completion.logprobs, tokens)):
+        want = reference_scores(sampler_ref, prompt, tokens[:j], params, mode)
+        problems = step_problems(got, want, drawn, tol)
+        if temperature == 0 and mode == "processed_logits" and float(want[drawn]) < float(want.max()) - tol:
+            problems.append(f"greedy drew {drawn}, the reference's argmax is {int(want.argmax())}")
+        bad += [f"  {mode}, step {j} (after {tokens[:j]}): {p}" for p in problems]
+    return bad
+
+
 def check_trajectory(name: str, request_engine, sampler_ref, prefixes, tol: float) -> None:  # noqa: F811
-    make, which = TRAJECTORIES[name]
+    make, which, n = TRAJECTORIES[name]
     prompt, eos = prefixes[which], sampler_ref.eos
     top = torch.argsort(sampler_ref.logits(tuple(prompt)), descending=True, stable=True).tolist()
-    params = {**make(top, eos), "max_tokens": STEPS, "logprobs": TOP, "seed": 4242 + base_seed()}
+    params = {**make(top, eos), "max_tokens": STEPS, "logprobs": TOP, "seed": 4242 + base_seed(), "n": n}
     runs = run_modes(request_engine, prompt, params)
     first = next(iter(runs))
-    tokens = list(runs[first].token_ids)
-    differ = {m: c.token_ids for m, c in runs.items() if list(c.token_ids) != tokens}
-    assert not differ, f"{name}: the seeded draws depend on logprobs_mode: {first} {tokens}, others {differ}"
-    temperature = params.get("temperature", 1.0)
-    scale = 1.0 / temperature if temperature > 0 else 1.0
-    bad = []
-    for mode, c in runs.items():
-        assert c.logprobs is not None and len(c.logprobs) == len(tokens), f"{name} {mode}: one logprobs dict per token"
-        for j, (got, drawn) in enumerate(zip(c.logprobs, tokens)):
-            want = reference_scores(sampler_ref, prompt, tokens[:j], params, mode)
-            problems = step_problems(got, want, drawn, tol * (scale if mode.startswith("processed") else 1.0))
-            if params.get("temperature", 1.0) == 0 and mode == "processed_logits":  # greedy: the reference's path
-                best = float(want.max())
-                if float(want[drawn]) < best - tol:
-                    problems.append(f"greedy drew {drawn}, the reference's argmax is {int(want.argmax())}")
-            bad += [f"  {mode}, step {j} (after {tokens[:j]}): {p}" for p in problems]
-    assert not bad, f"trajectory {name} ({params}), tokens {tokens}:\n" + "\n".join(bad[:12])
+    samples = [list(c.token_ids) for c in runs[first]]
+    assert len(samples) == n, f"{name}: asked n={n}, got {len(samples)} completions"
+    differ = {m: [c.token_ids for c in cs] for m, cs in runs.items() if [list(c.token_ids) for c in cs] != samples}
+    assert not differ, f"{name}: the seeded draws depend on logprobs_mode: {first} {samples}, others {differ}"
+    bad = [f"  sample {i}{line}" for mode, cs in runs.items() for i, c in enumerate(cs)
+           for line in sample_problems(sampler_ref, prompt, params, mode, c, tol)]
+    assert not bad, f"trajectory {name} ({params}), tokens {samples}:\n" + "\n".join(bad[:12])
     if name in ("frequency", "presence", "greedy-frequency"):  # else the counts above were never tested past 1
-        assert max(Counter(tokens).values()) >= 3, f"{name}: no token repeated 3 times in {tokens}: nothing accumulated"
+        assert all(max(Counter(t).values()) >= 3 for t in samples), f"{name}: no token came back 3 times in {samples}"
 
 
 @pytest.mark.parametrize("name", list(TRAJECTORIES))

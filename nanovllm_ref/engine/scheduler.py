@@ -183,6 +183,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            if seq.token_ids[-1] == PENDING and len(seq.token_ids) >= seq.max_num_tokens:
+                i += 1  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
+                continue
             num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs

@@ -182,7 +182,8 @@ class OpenAIAdapter:
                     plp = [None if d is None else {int(k.split(":")[-1]): _value(v) for k, v in d.items()}
                            for d in plp]
                 completions.append(Completion(list(tokens), choice.get("finish_reason"),
-                                              steps if want_logprobs else None, plp, None, choice.get("text"),
+                                              steps if want_logprobs else None, plp,
+                                              cached_tokens(body.get("usage")), choice.get("text"),
                                               choice.get("stop_reason", UNREPORTED)))
             results.append(completions)
         return results

@@ -15,6 +15,11 @@ Text capabilities (optional, conformance/test_text.py): a completion's ``text`` 
 and ``stop_reason`` (:data:`UNREPORTED` unless the engine reports it); ``stream_requests`` (the same requests,
 streamed: each completion with the text pieces in the order the engine sent them). An adapter without one has the
 cases that need it skipped with the reason.
+
+Cached tokens (optional): a completion's ``num_cached_tokens`` is the prompt tokens the engine's prefix cache
+served (None: not reported). The prefix-cache accounting cases (conformance/test_prefix_cache.py) also need the
+adapter's factory to have ``prefix_cache_kwargs(block_size, num_blocks, max_model_len) -> dict``, the factory
+kwargs of a cache of ``num_blocks`` usable blocks with prefix caching on (nanovllm_ref and vllm have it).
 """
 
 from __future__ import annotations

@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"serve": _serve, "generate": _generate, "chat": _chat}[args.command](args)
     except UsageError as e:
-        if args.debug:
+        if args.debug:  # the traceback of what went wrong, not of its translation
+            if e.__cause__ is not None:
+                raise e.__cause__ from None
             raise
         print(f"nanovllm-ref {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -1,0 +1,81 @@
+"""`LLM`'s offline API as vLLM users call it: `generate` with one prompt (a text, token ids, a prompt dict) or a
+list, `chat` with one conversation or a list (the checkpoint's or a given chat template, vLLM's options), and
+golden checkpoint names in place of folders."""
+
+from __future__ import annotations
+
+import pytest
+
+from nanovllm_ref import LLM, SamplingParams
+from nanovllm_ref.serve.chat_template import read_chat_template
+
+from .conftest import QWEN3, checkpoint_path
+from .serve_util import CHATML
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def main("}]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM(QWEN3, dtype="float32", max_model_len=256) as llm:  # a golden name, not a folder
+        yield llm
+
+
+def test_a_golden_name_is_its_checkpoint(llm):
+    assert llm.config.model == str(checkpoint_path(QWEN3)) and llm.model_name == QWEN3
+
+
+def test_one_prompt_in_any_form_equals_the_same_prompt_in_a_list(llm):
+    [ref] = llm.generate(["def main("], GREEDY, use_tqdm=False)
+    ids = ref.prompt_token_ids
+    for prompt in ("def main(", ids, {"prompt": "def main("}, {"prompt_token_ids": ids}):
+        outs = llm.generate(prompt, GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in outs] == [ref.token_ids], prompt
+    outs = llm.generate([{"prompt_token_ids": ids}, "import os"], GREEDY, use_tqdm=False)
+    assert outs[0].token_ids == ref.token_ids and len(outs) == 2
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"prompt": "x", "extra": 1}, "either 'prompt' or 'prompt_token_ids'"),
+    ([], "non-empty list"),
+    (None, "prompts must be"),
+    ([3.5], "a prompt must be a str or a list of token ids"),
+])
+def test_bad_prompts_are_refused_with_a_message(llm, bad, message):
+    with pytest.raises(TypeError, match=message):
+        llm.generate(bad, GREEDY, use_tqdm=False)
+    assert not llm.has_unfinished()
+
+
+def test_chat_is_generate_on_the_rendered_conversation(llm):
+    template = read_chat_template(CHATML)
+    [out] = llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template=template)
+    text = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\ndef main(<|im_end|>\n<|im_start|>assistant\n"
+    [ref] = llm.generate(text, GREEDY, use_tqdm=False)
+    assert out.prompt_token_ids == ref.prompt_token_ids and out.token_ids == ref.token_ids
+    # a list of conversations; text parts as content; no generation prompt
+    parts = [{"role": "user", "content": [{"type": "text", "text": "def "}, {"type": "text", "text": "main("}]}]
+    outs = llm.chat([CONVERSATION, parts], GREEDY, use_tqdm=False, chat_template=template)
+    assert len(outs) == 2 and outs[0].token_ids == ref.token_ids
+    [bare] = llm.chat(parts, GREEDY, use_tqdm=False, chat_template=template, add_generation_prompt=False)
+    assert bare.prompt_token_ids == llm.tokenizer.encode("<|im_start|>user\ndef main(<|im_end|>\n",
+                                                         add_special_tokens=False)
+
+
+def test_chat_template_kwargs_reach_the_template(llm):
+    template = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    [out] = llm.chat(CONVERSATION[1:], GREEDY, use_tqdm=False, chat_template=template,
+                     chat_template_kwargs={"greeting": "hi "})
+    assert out.prompt_token_ids == llm.tokenizer.encode("hi def main(", add_special_tokens=False)
+
+
+def test_chat_without_a_template_or_with_bad_messages_says_why(llm, monkeypatch):
+    monkeypatch.setattr(llm.tokenizer, "chat_template", None)  # (whether the checkpoint ships one or not)
+    with pytest.raises(ValueError, match="no tokenizer or chat template"):
+        llm.chat(CONVERSATION, GREEDY, use_tqdm=False)
+    with pytest.raises(TypeError, match="a conversation"):
+        llm.chat("hello", GREEDY, use_tqdm=False)
+    with pytest.raises(TypeError, match="a 'role' and a 'content'"):
+        llm.chat([{"content": "no role"}], GREEDY, use_tqdm=False, chat_template=read_chat_template(CHATML))
+    assert not llm.has_unfinished()

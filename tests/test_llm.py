@@ -50,6 +50,7 @@ def test_bad_prompts_are_refused_with_a_message(llm, bad, message):
 
 def test_chat_is_generate_on_the_rendered_conversation(llm):
     template = read_chat_template(CHATML)
+    assert read_chat_template("chatml") == template  # the built-in one (`--chat-template chatml`)
     [out] = llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template=template)
     text = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\ndef main(<|im_end|>\n<|im_start|>assistant\n"
     [ref] = llm.generate(text, GREEDY, use_tqdm=False)
@@ -79,3 +80,37 @@ def test_chat_without_a_template_or_with_bad_messages_says_why(llm, monkeypatch)
     with pytest.raises(TypeError, match="a 'role' and a 'content'"):
         llm.chat([{"content": "no role"}], GREEDY, use_tqdm=False, chat_template=read_chat_template(CHATML))
     assert not llm.has_unfinished()
+
+
+def test_the_readme_snippet_runs_from_any_folder(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    snippet = re.search(r"```python\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    assert 'LLM("qwen3-tiny"' in snippet and "llm.chat(" in snippet
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_model_resolver_prefers_a_checkpoint_folder_then_a_golden_name(tmp_path, monkeypatch):
+    import shutil
+
+    from golden.load import golden_name, resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    golden = str(checkpoint_path(QWEN3))
+    assert resolve_model(QWEN3) == golden and golden_name(resolve_model(QWEN3)) == QWEN3
+    (tmp_path / QWEN3).mkdir()  # a folder of that name without a checkpoint: the golden one still
+    assert resolve_model(QWEN3) == golden
+    shutil.copy(f"{golden}/config.json", tmp_path / QWEN3)  # a checkpoint folder here: it wins, as given
+    assert resolve_model(QWEN3) == QWEN3 and golden_name(QWEN3) is None
+    (tmp_path / "empty").mkdir()
+    assert resolve_model("empty") == "empty"  # (the loader then says that config.json is missing)
+    with pytest.raises(ValueError, match=r"'sub/qwen3-tiny' is neither .* \(.*qwen3-tiny"):
+        resolve_model("sub/qwen3-tiny")  # a path is never read as a golden name

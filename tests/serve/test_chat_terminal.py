@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from ..serve_util import CHATML
 from .pty_session import PtySession
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +24,7 @@ def chat(tmp_path):
 
     def start(*flags: str) -> PtySession:
         argv = [sys.executable, "-m", "nanovllm_ref.serve.cli", "chat", "qwen3-tiny", "--dtype", "float32",
-                "--chat-template", CHATML, "--ignore-eos", *flags]
+                "--chat-template", "chatml", "--ignore-eos", *flags]  # the built-in ChatML
         sessions.append(PtySession(argv, ENV, str(tmp_path)))
         return sessions[-1]
 

@@ -68,3 +68,20 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(chat):
     s.type("\x04")  # Ctrl-D
     assert s.wait() == 0
     assert "Traceback" not in s.output
+
+
+def test_ctrl_c_with_tensor_parallel_ranks_stops_the_reply_not_the_ranks(chat):
+    """The terminal sends Ctrl-C to every process of the group, TP ranks included: they must ignore it."""
+    s = chat("--max-model-len", "2048", "--max-tokens", "2000", "--config", '{"tensor_parallel_size": 2}')
+    s.expect(PROMPT, timeout=180)
+    s.type("write a long story\n")
+    s.expect(r"assistant> \s*\S")
+    s.type("\x03")
+    assert "[stopped]" in s.expect(PROMPT)
+    s.type("and another\n")  # the ranks still answer
+    s.expect(r"assistant> \s*\S")
+    s.type("\x03")
+    assert "[stopped]" in s.expect(PROMPT)
+    s.type("/exit\n")
+    assert s.wait() == 0
+    assert "Traceback" not in s.output

@@ -114,3 +114,17 @@ def test_the_model_resolver_prefers_a_checkpoint_folder_then_a_golden_name(tmp_p
     assert resolve_model("empty") == "empty"  # (the loader then says that config.json is missing)
     with pytest.raises(ValueError, match=r"'sub/qwen3-tiny' is neither .* \(.*qwen3-tiny"):
         resolve_model("sub/qwen3-tiny")  # a path is never read as a golden name
+
+
+def test_adapters_take_golden_names_from_any_folder(tmp_path, monkeypatch):
+    from nanovllm_ref.oracle.adapters import load_adapter
+
+    monkeypatch.chdir(tmp_path)
+    with LLM(QWEN3, dtype="float32", max_model_len=256) as llm:
+        [ref] = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    hf = load_adapter("hf", QWEN3, "float32")  # transformers reads the golden folder, not the hub
+    try:
+        [out] = hf.generate([[5, 6, 7]], max_tokens=6, top_k=1, prompt_logprobs=False)
+    finally:
+        hf.close()
+    assert out.token_ids == ref.token_ids

@@ -57,9 +57,18 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def load_llm(args: argparse.Namespace) -> Any:
+    """The engine. TP ranks are spawned with SIGINT ignored, which they keep: the terminal's Ctrl-C (sent to the
+    whole process group) then reaches only this process, which stops a reply or shuts the ranks down in order."""
     from ..llm import LLM
 
-    return checked(LLM, args.model, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    tp = kwargs.get("tensor_parallel_size", 1)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
+    try:
+        return checked(LLM, args.model, **kwargs)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -131,18 +140,9 @@ def _chat(args: argparse.Namespace) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
             pass
-    # TP ranks spawned with SIGINT ignored stay so: the terminal's Ctrl-C (sent to the whole process group) then
-    # stops a reply instead of killing the ranks
-    tp = engine_kwargs(args).get("tensor_parallel_size", 1)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
-    try:
-        llm = load_llm(args)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    with llm:
-        if llm.tokenizer is None or not (template or llm.tokenizer.chat_template):
-            raise UsageError("this model has no tokenizer or chat template: pass --chat-template FILE")
+    with load_llm(args) as llm:
+        if llm.tokenizer is None or not (template or getattr(llm.tokenizer, "chat_template", None)):
+            raise UsageError("this model has no tokenizer or chat template: pass --chat-template FILE (or chatml)")
         return ChatSession(llm, params, template, args.model).run()
 
 

@@ -56,12 +56,23 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The engine's settings, checked (the model resolved, the config validated) before torch loads."""
+    from golden.load import resolve_model
+
+    from ..config import Config
+
+    kwargs = engine_kwargs(args)
+    checked(Config.from_kwargs, checked(resolve_model, args.model), **kwargs)
+    return kwargs
+
+
 def load_llm(args: argparse.Namespace) -> Any:
     """The engine. TP ranks are spawned with SIGINT ignored, which they keep: the terminal's Ctrl-C (sent to the
     whole process group) then reaches only this process, which stops a reply or shuts the ranks down in order."""
+    kwargs = engine_settings(args)
     from ..llm import LLM
 
-    kwargs = engine_kwargs(args)
     tp = kwargs.get("tensor_parallel_size", 1)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
     try:
@@ -111,6 +122,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    engine_settings(args)  # (the server's modules load torch)
     try:
         from .server import config_from_args, serve
     except ImportError as e:

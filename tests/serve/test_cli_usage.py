@@ -78,3 +78,15 @@ def test_golden_names_work_from_any_folder(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=tmp_path,
                          timeout=300)
     assert out.returncode == 0 and out.stdout.split() == ["length"], out.stderr[-2000:]
+
+
+def test_version_help_and_mistakes_answer_without_loading_torch(tmp_path):
+    code = ("import sys; from nanovllm_ref.serve.cli import main\n"
+            "for argv in (['generate', 'qwen3-tny', 'x'], ['serve', 'qwen3-tiny', '--max-model-len', '0'],\n"
+            "             ['chat', 'qwen3-tiny', '--port'], ['--version'], ['--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=tmp_path,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.count("error:") == 3 and "nanovllm-ref 0.1.0" in out.stdout

@@ -152,3 +152,22 @@ def test_requests_may_name_the_model_by_its_path_too(server):
     with urllib.request.urlopen(req, timeout=60) as r:
         assert json.load(r)["usage"]["completion_tokens"] == 2
     assert path not in get(server.url + "/v1/models")[2]
+
+
+def test_a_client_that_leaves_counts_as_an_aborted_request(server):
+    import http.client
+
+    name = "vllm:request_success_total{finished_reason=abort}"
+    before = scrape(server.url).get(name, 0.0)
+    conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [5, 6], "max_tokens": 500,
+                                                         "ignore_eos": True, "stream": True}),
+                 {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    conn.close()  # gone mid-stream
+    deadline = time.monotonic() + 30
+    while scrape(server.url).get(name, 0.0) == before:
+        assert time.monotonic() < deadline, "the abandoned request was never counted"
+        time.sleep(0.05)
+    assert scrape(server.url)[name] == before + 1

@@ -101,13 +101,6 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
 
-    def stats(self) -> dict[str, float]:
-        """Scheduler and KV-cache load now (for metrics): running and waiting sequences, and the cache's used
-        fraction (blocks that are neither free nor only kept for the prefix cache, as vLLM counts it)."""
-        sched, blocks = self.engine.scheduler, self.engine.block_manager
-        return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
-                "kv_cache_usage": 1.0 - blocks.num_free_blocks / blocks.num_blocks}
-
     def reset_prefix_cache(self) -> None:
         self.engine.block_manager.reset_prefix_cache()
 

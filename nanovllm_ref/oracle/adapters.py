@@ -254,6 +254,12 @@ def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdap
     """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, "PREFIX:URL" with
     a key of :data:`SERVER_ADAPTERS`, or "pkg.module:factory") for the checkpoint ``model`` in ``dtype``;
     ``kwargs`` go to the factory."""
+    from golden.load import resolve_model
+
+    try:  # a golden checkpoint's name is its folder (the resolver LLM() and the CLI use)
+        model = resolve_model(model)
+    except ValueError:  # not a folder nor a golden name: the factory's to read (a hub id, a server's name)
+        pass
     prefix, _, url = spec.partition(":")
     if prefix in SERVER_ADAPTERS and url.startswith(("http://", "https://")):
         adapter = resolve_factory(SERVER_ADAPTERS[prefix])(url, model, dtype, **kwargs)

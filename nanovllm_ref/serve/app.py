@@ -104,8 +104,9 @@ class BodyLimits:
 
 
 class AccessLog:
-    """ASGI middleware: one log line per HTTP request when its response has ended (a stream when it ends or the
-    client leaves): client, request line, status ("-": none was sent), seconds, response bytes."""
+    """ASGI middleware: one log line per HTTP request as its response ends (written before the last body part
+    goes out, so a client that has its response finds the line; a stream: when it ends or the client leaves):
+    client, request line, status ("-": none was sent), seconds, response bytes."""
 
     def __init__(self, app: Any) -> None:
         self.app, self.log = app, logging.getLogger(ACCESS_LOG)
@@ -113,7 +114,16 @@ class AccessLog:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, status, size = time.perf_counter(), "-", 0
+        start, status, size, logged = time.perf_counter(), "-", 0, False
+
+        def line() -> None:
+            nonlocal logged
+            logged = True
+            host, port = scope.get("client") or ("-", 0)
+            query = scope.get("query_string", b"").decode("latin-1")
+            target = scope["path"] + (f"?{query}" if query else "")
+            self.log.info('%s:%s "%s %s HTTP/%s" %s %.3fs %dB', host, port, scope["method"], target,
+                          scope.get("http_version", "1.1"), status, time.perf_counter() - start, size)
 
         async def record(message: dict) -> None:
             nonlocal status, size
@@ -121,16 +131,15 @@ class AccessLog:
                 status = str(message["status"])
             elif message["type"] == "http.response.body":
                 size += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    line()
             await send(message)
 
         try:
             await self.app(scope, receive, record)
         finally:
-            host, port = scope.get("client") or ("-", 0)
-            query = scope.get("query_string", b"").decode("latin-1")
-            target = scope["path"] + (f"?{query}" if query else "")
-            self.log.info('%s:%s "%s %s HTTP/%s" %s %.3fs %dB', host, port, scope["method"], target,
-                          scope.get("http_version", "1.1"), status, time.perf_counter() - start, size)
+            if not logged:
+                line()
 
 
 def model_card(served: Served, created: int) -> dict:

@@ -74,27 +74,26 @@ class ChatSession:
                 self.turn(line)
 
     def turn(self, line: str) -> None:
-        self.messages.append({"role": "user", "content": line})
-        fitted = self.fit()
-        if fitted is None:
-            self.messages.pop()
+        fitted = self.fit([*self.messages, {"role": "user", "content": line}])
+        if fitted is None:  # not sent: the conversation stays as it was
             return
-        reply, finish = self.stream(*fitted)
+        messages, ids, params = fitted
+        reply, finish = self.stream(ids, params)
         if finish == "error" or (finish == "abort" and not reply):
-            self.messages.pop()  # nothing was answered: the message is not part of the conversation
-        else:
-            self.messages.append({"role": "assistant", "content": reply})
+            return  # nothing was answered: the message is not part of the conversation
+        self.messages = [*messages, {"role": "assistant", "content": reply}]
 
-    def prompt_ids(self) -> list[int]:
-        text = render_chat(self.tok, self.messages, self.template, add_generation_prompt=True)
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        text = render_chat(self.tok, messages, self.template, add_generation_prompt=True)
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def fit(self) -> tuple[list[int], SamplingParams] | None:
-        """The prompt and the sampling params for the newest message, the oldest turns dropped as needed."""
-        ids, params, dropped = self.prompt_ids(), self.params, 0
+    def fit(self, messages: list[dict]) -> tuple[list[dict], list[int], SamplingParams] | None:
+        """(the messages to send, their prompt, the sampling params): the oldest turns dropped as needed, and the
+        reply capped when the newest message alone leaves too little room; None (with a notice) if it cannot fit."""
+        ids, params, dropped = self.prompt_ids(messages), self.params, 0
+        first = 1 if messages[0]["role"] == "system" else 0
         while len(ids) + params.max_tokens > self.max_len:
-            first = 1 if self.messages[0]["role"] == "system" else 0
-            if len(self.messages) - first <= 1:  # only the newest message left: a shorter reply, or none
+            if len(messages) - first <= 1:  # only the newest message left: a shorter reply, or none
                 room = self.max_len - len(ids)
                 if room < 1:
                     say(f"(this message is {len(ids)} tokens with the chat template; the context holds "
@@ -103,20 +102,20 @@ class ChatSession:
                 say(f"(the reply is capped at {room} tokens to fit the {self.max_len}-token context)")
                 params = dataclasses.replace(params, max_tokens=room)
                 break
-            del self.messages[first]  # a user turn, then its reply, ...
+            messages = messages[:first] + messages[first + 1:]  # a user turn, then its reply, ...
             dropped += 1
-            while len(self.messages) - first > 1 and self.messages[first]["role"] != "user":
-                del self.messages[first]
+            while len(messages) - first > 1 and messages[first]["role"] != "user":
+                messages = messages[:first] + messages[first + 1:]
                 dropped += 1
-            ids = self.prompt_ids()
-        if dropped:
-            say(f"(context full: dropped the {dropped} oldest messages to fit {self.max_len} tokens)")
+            ids = self.prompt_ids(messages)
         try:
             self.llm.engine.validate_request(ids, params)  # e.g. a KV cache smaller than max_model_len
         except ValueError as e:
             say(f"(not sent: {e})")
             return None
-        return ids, params
+        if dropped:
+            say(f"(context full: dropped the {dropped} oldest messages to fit {self.max_len} tokens)")
+        return messages, ids, params
 
     def stream(self, ids: list[int], params: SamplingParams) -> tuple[str, str]:
         """Stream one reply; (its text, its finish reason: "abort" when Ctrl-C stopped it)."""

@@ -6,13 +6,27 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# ChatML (Qwen's format), built in so that `--chat-template chatml` works from any folder for checkpoints that
+# ship no template (the golden ones)
+BUILTIN = {"chatml": (
+    "{%- for message in messages -%}\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}\n")}
+
 
 def read_chat_template(value: str | None) -> str | None:
-    """`--chat-template`: a file's contents, or the value itself when it is a Jinja template."""
+    """`--chat-template`: a file's contents, the value itself when it is a Jinja template, or a built-in
+    template's (`chatml`) when no such file exists."""
     if value is None or "{{" in value or "{%" in value:
         return value
+    if not os.path.isfile(value) and value in BUILTIN:
+        return BUILTIN[value]
     if not os.path.isfile(value):
-        raise ValueError(f"--chat-template: no such file {value!r} (and not a Jinja template)")
+        raise ValueError(f"--chat-template: no such file {value!r} (and not a Jinja template, nor one of "
+                         f"{sorted(BUILTIN)})")
     with open(value) as f:
         return f.read()
 

@@ -55,10 +55,30 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The engine's settings, checked (the model resolved, the config validated) before torch loads."""
+    from golden.load import resolve_model
+
+    from ..config import Config
+
+    kwargs = engine_kwargs(args)
+    checked(Config.from_kwargs, checked(resolve_model, args.model), **kwargs)
+    return kwargs
+
+
 def load_llm(args: argparse.Namespace) -> Any:
+    """The engine. TP ranks are spawned with SIGINT ignored, which they keep: the terminal's Ctrl-C (sent to the
+    whole process group) then reaches only this process, which stops a reply or shuts the ranks down in order."""
+    kwargs = engine_settings(args)
     from ..llm import LLM
 
-    return checked(LLM, args.model, **engine_kwargs(args))
+    tp = kwargs.get("tensor_parallel_size", 1)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
+    try:
+        return checked(LLM, args.model, **kwargs)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -101,6 +121,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    engine_settings(args)  # (the server's modules load torch)
     try:
         from .server import config_from_args, serve
     except ImportError as e:
@@ -130,18 +151,9 @@ def _chat(args: argparse.Namespace) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
             pass
-    # TP ranks spawned with SIGINT ignored stay so: the terminal's Ctrl-C (sent to the whole process group) then
-    # stops a reply instead of killing the ranks
-    tp = engine_kwargs(args).get("tensor_parallel_size", 1)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
-    try:
-        llm = load_llm(args)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    with llm:
-        if llm.tokenizer is None or not (template or llm.tokenizer.chat_template):
-            raise UsageError("this model has no tokenizer or chat template: pass --chat-template FILE")
+    with load_llm(args) as llm:
+        if llm.tokenizer is None or not (template or getattr(llm.tokenizer, "chat_template", None)):
+            raise UsageError("this model has no tokenizer or chat template: pass --chat-template FILE (or chatml)")
         return ChatSession(llm, params, template, args.model).run()
 
 
@@ -193,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"serve": _serve, "generate": _generate, "chat": _chat}[args.command](args)
     except UsageError as e:
-        if args.debug:
+        if args.debug:  # the traceback of what went wrong, not of its translation
+            if e.__cause__ is not None:
+                raise e.__cause__ from None
             raise
         print(f"nanovllm-ref {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

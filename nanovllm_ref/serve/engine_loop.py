@@ -44,12 +44,20 @@ class Failed:
     message: str
 
 
+def engine_stats(llm: LLM) -> dict[str, float]:
+    """Scheduler and KV-cache load now (engine thread only): running and waiting sequences, and the cache's used
+    fraction (blocks neither free nor only kept for the prefix cache, as vLLM counts it)."""
+    sched, blocks = llm.engine.scheduler, llm.engine.block_manager
+    return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
+            "kv_cache_usage": 1.0 - blocks.num_free_blocks / blocks.num_blocks}
+
+
 class LoopObserver:
     """What the engine loop reports (all calls from the engine thread; times from time.monotonic()). This base
     ignores everything; the server's metrics (metrics.py) record it."""
 
     def on_step(self, stats: dict[str, float]) -> None:
-        """After each step (and once a command was applied): LLM.stats()."""
+        """After each step, and at least every 0.5 s when idle: engine_stats()."""
 
     def on_first_token(self, num_prompt_tokens: int, ttft_s: float) -> None:
         """A request's prefill is done: its first output token exists, `ttft_s` after it arrived."""
@@ -131,7 +139,7 @@ class EngineLoop(threading.Thread):
                     finished = self.llm.step()
                     self.num_steps += 1
                     self._deliver(finished)
-                self.observer.on_step(self.llm.stats())
+                self.observer.on_step(engine_stats(self.llm))
         except BaseException as e:  # an engine bug: say so to everyone waiting, and let /health tell
             log.exception("the engine loop died")
             with self._death:
@@ -186,15 +194,17 @@ class EngineLoop(threading.Thread):
                 num_new += seq.num_output_tokens - sent
                 stream.sent[i] = seq.num_output_tokens
                 self._first_token(stream, lead.num_prompt_tokens, now)
-        for out in finished:
+        for out in finished:  # (observed before it is put: a client that has its response finds it counted)
             stream = self._streams.pop(out.request_id, None)
             if stream is not None:
-                stream.put(out)
                 num_out = sum(len(o.token_ids) for o in out.outputs or [out])
                 num_new += num_out - sum(stream.sent)
                 if num_out:
                     self._first_token(stream, len(out.prompt_token_ids), now)
+                self.observer.on_tokens(num_new)
+                num_new = 0
                 self.observer.on_finished(out, stream.arrival, stream.first_token, now)
+                stream.put(out)
         if num_new:
             self.observer.on_tokens(num_new)
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from ..serve_util import CHATML
 from .pty_session import PtySession
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +24,7 @@ def chat(tmp_path):
 
     def start(*flags: str) -> PtySession:
         argv = [sys.executable, "-m", "nanovllm_ref.serve.cli", "chat", "qwen3-tiny", "--dtype", "float32",
-                "--chat-template", CHATML, "--ignore-eos", *flags]
+                "--chat-template", "chatml", "--ignore-eos", *flags]  # the built-in ChatML
         sessions.append(PtySession(argv, ENV, str(tmp_path)))
         return sessions[-1]
 
@@ -67,5 +66,22 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(chat):
     s.type("/clear\n")
     assert "conversation cleared" in s.expect(PROMPT)
     s.type("\x04")  # Ctrl-D
+    assert s.wait() == 0
+    assert "Traceback" not in s.output
+
+
+def test_ctrl_c_with_tensor_parallel_ranks_stops_the_reply_not_the_ranks(chat):
+    """The terminal sends Ctrl-C to every process of the group, TP ranks included: they must ignore it."""
+    s = chat("--max-model-len", "2048", "--max-tokens", "2000", "--config", '{"tensor_parallel_size": 2}')
+    s.expect(PROMPT, timeout=180)
+    s.type("write a long story\n")
+    s.expect(r"assistant> \s*\S")
+    s.type("\x03")
+    assert "[stopped]" in s.expect(PROMPT)
+    s.type("and another\n")  # the ranks still answer
+    s.expect(r"assistant> \s*\S")
+    s.type("\x03")
+    assert "[stopped]" in s.expect(PROMPT)
+    s.type("/exit\n")
     assert s.wait() == 0
     assert "Traceback" not in s.output

@@ -130,3 +130,44 @@ def test_metrics_without_prometheus_client_say_how_to_get_it(server, monkeypatch
     monkeypatch.setattr(server.served, "metrics", None)
     status, _, body = get(server.url + "/metrics")
     assert status == 501 and "nanovllm_ref[serve]" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("given, name", [("qwen3-tiny", "qwen3-tiny"), ("/models/Qwen3-0.6B/", "Qwen3-0.6B"),
+                                         ("./ckpt", "ckpt"), (".", None)])
+def test_the_default_served_name_is_never_a_path(given, name, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from nanovllm_ref.serve.server import default_model_name
+
+    monkeypatch.chdir(tmp_path)
+    assert default_model_name(SimpleNamespace(model_name=given)) == (name or tmp_path.name)
+
+
+def test_requests_may_name_the_model_by_its_path_too(server):
+    """(as a vLLM server started with a path: that path is an accepted name, never a listed one)"""
+    path = str(server.served.loop.llm.config.model)
+    body = json.dumps({"model": path, "prompt": [5, 6], "max_tokens": 2}).encode()
+    req = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == 2
+    assert path not in get(server.url + "/v1/models")[2]
+
+
+def test_a_client_that_leaves_counts_as_an_aborted_request(server):
+    import http.client
+
+    name = "vllm:request_success_total{finished_reason=abort}"
+    before = scrape(server.url).get(name, 0.0)
+    conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [5, 6], "max_tokens": 500,
+                                                         "ignore_eos": True, "stream": True}),
+                 {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    conn.close()  # gone mid-stream
+    deadline = time.monotonic() + 30
+    while scrape(server.url).get(name, 0.0) == before:
+        assert time.monotonic() < deadline, "the abandoned request was never counted"
+        time.sleep(0.05)
+    assert scrape(server.url)[name] == before + 1

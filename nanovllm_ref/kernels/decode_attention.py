@@ -20,8 +20,10 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   lengths, the SMs otherwise idle behind a few long sequences dispatched last. The grid is flat with the
   KV heads (and splits) of one sequence adjacent: on the headline's mixed contexts that read 5% less time
   than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md session 8).
-- An fp8 cache (kv_scales given) is read as fp8 and converted to the query dtype in registers (exact: every e4m3
-  value is a bfloat16/float16 value); the K scale of the program's KV head is folded into the softmax scale
+- An fp8 cache (kv_scales given) is read as fp8 and converted in registers to float16, the dtype of both
+  products then (the query is cast too: exact for bf16 queries within fp16's range, |q| < 65504): e4m3 ->
+  fp16 is one native conversion on sm_89+, while e4m3 -> bf16 is emulated and made the kernel compute bound
+  (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16. The K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
@@ -102,6 +104,8 @@ if triton is not None:
         d_mask = offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
+        if FP8 and not UPCAST:
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -160,9 +164,11 @@ if triton is not None:
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def decode_tile_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False) -> dict[str, int]:
     """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS)."""
-    if head_dim <= 128 and dtype != torch.float32:
+    if fp8 and head_dim <= 128 and dtype != torch.float32:
+        cfg = dict(FP8_DECODE_TILE)
+    elif head_dim <= 128 and dtype != torch.float32:
         # 2 warps, deep pipeline: the most consistent winner of three H200 sweeps (perf/RESULTS.md); against (64 keys,
         # 4 warps, 3 stages) even at batch 64 / context 2k, +4 to +5 points of copy bandwidth at larger shapes
         cfg = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
@@ -171,6 +177,9 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
     if os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") == "1":
         cfg = {"BLOCK_N": max(16, cfg["BLOCK_N"] // 2), "num_warps": 4, "num_stages": 1}
     return cfg
+
+
+FP8_DECODE_TILE = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3}  # the same bytes per tile as bf16's 64 keys
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, sms: int) -> int:
@@ -210,7 +219,7 @@ def decode_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_seqs == 0:
         return out
-    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype)
+    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size

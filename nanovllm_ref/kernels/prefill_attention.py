@@ -19,7 +19,8 @@ Triton kernel (`prefill_attention`): one launch for the whole varlen batch, Flas
   queries use a smaller BLOCK_Q). When it is None it is read from `query_start_loc` with a host sync, which
   is fine since prefill is never captured in a CUDA graph.
 - Softmax statistics and the accumulator are float32; P is cast to the K/V dtype for the PV product.
-- An fp8 cache (kv_scales given): read as fp8, converted to the query dtype in registers, the KV head's K scale
+- An fp8 cache (kv_scales given): read as fp8, converted to float16 in registers (as the query, see
+  kernels/decode_attention.py), the KV head's K scale
   folded into the softmax scale and its V scale into the output, as in kernels/decode_attention.py.
 """
 
@@ -114,6 +115,8 @@ if triton is not None:
         tok64 = (q_start + tok).to(tl.int64)
         q_off = tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        if FP8 and not UPCAST:
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         # keys visible to row r: pos <= prefix + tok[r] (causal) and pos < seq_len (rows past q_len)
         row_end = tl.minimum(prefix + tok + 1, seq_len)

@@ -23,7 +23,8 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
 - An fp8 cache (kv_scales given) is read as fp8 and converted in registers to float16, the dtype of both
   products then (the query is cast too: exact for bf16 queries within fp16's range, |q| < 65504): e4m3 ->
   fp16 is one native conversion on sm_89+, while e4m3 -> bf16 is emulated and made the kernel compute bound
-  (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16. The K scale of the program's KV head is folded into the softmax scale
+  (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16 (float32
+  queries keep float32 products). The K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
@@ -40,7 +41,7 @@ import os
 
 import torch
 
-from ._triton_common import LOG2E, dot_precision, num_sms, tl, triton, upcast_dots
+from ._triton_common import LOG2E, dot_precision, f16_dots, num_sms, tl, triton, upcast_dots
 from .prefill_attention import prefill_attention_reference
 
 
@@ -79,6 +80,7 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
+        F16_DOTS: tl.constexpr,
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -104,7 +106,7 @@ if triton is not None:
         d_mask = offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
-        if FP8 and not UPCAST:
+        if F16_DOTS:
             q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -179,7 +181,9 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False) -> 
     return cfg
 
 
-FP8_DECODE_TILE = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 3}  # the same bytes per tile as bf16's 64 keys
+# H200, headline decode shape (256 sequences, contexts 100-2,048, 8 KV heads, d 128): (64 keys, 2 warps, 4 stages)
+# 201 us against 226 (128, 4, 3), 243 (32, 2, 4), 269 (128, 2, 4), 288 (64, 4, 3); bf16 cache 270 us
+FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, sms: int) -> int:
@@ -243,7 +247,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
-        FP8=kv_scales is not None, **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

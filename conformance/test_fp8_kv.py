@@ -69,6 +69,42 @@ def _fp8_setting(options) -> dict:
     pytest.skip("the fp8-kv tier needs the engine's FP8 KV setting, e.g. --engine-arg kv_cache_dtype=fp8")
 
 
+def test_fp8_kv_kernels(options) -> None:
+    """nanovllm_ref's Triton KV store and decode kernels (the interpreter off-GPU) on an fp8 cache against the
+    oracle's rule: stored values equal fake_quant's (values past +-448 x scale saturate), attention over them
+    equals float32 attention over fake_quant's K/V (per-head scales differing between K and V)."""
+    if options.engine != "nanovllm_ref":
+        pytest.skip("checks nanovllm_ref's own kernels")
+    import torch
+
+    from nanovllm_ref.kernels.decode_attention import decode_attention
+    from nanovllm_ref.kernels.store_kv import store_kv
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    ctx, heads, kv_heads, d, bs = [37, 70], 4, 2, 32, 16
+    blocks = [-(-c // bs) for c in ctx]  # sequence 0 in cache blocks 0..2, sequence 1 in 3..7
+    k, v = (torch.randn(sum(ctx), kv_heads, d, generator=gen) * 3 for _ in range(2))
+    scales = torch.tensor([[0.004, 0.009], [0.002, 0.02]])  # 3 x 0.004 x 448 = 5.4: some K values saturate
+    slots = torch.cat([torch.arange(ctx[0]), blocks[0] * bs + torch.arange(ctx[1])])
+    caches = [torch.zeros(sum(blocks), bs, kv_heads, d).to(torch.float8_e4m3fn).to(device) for _ in range(2)]
+    store_kv(k.to(device), v.to(device), *caches, slots.to(device), scales.to(device))
+    kq, vq = (fp8_kv.fake_quant(x.transpose(0, 1)[None], scales[i])[0].transpose(0, 1) for i, x in enumerate((k, v)))
+    for i, want in enumerate((kq, vq)):
+        got = caches[i].view(-1, kv_heads, d)[slots.to(device)].float().cpu() * scales[i][:, None]
+        assert torch.equal(got, want), "stored fp8 values differ from the rule"
+    q = torch.randn(len(ctx), heads, d, generator=gen)
+    tables = torch.tensor([[0, 1, 2, 0, 0], [3, 4, 5, 6, 7]], dtype=torch.int32)
+    out = decode_attention(q.to(device), *caches, tables.to(device), torch.tensor(ctx, dtype=torch.int32).to(device),
+                           d**-0.5, kv_scales=scales.to(device)).cpu()
+    for s, (start, c) in enumerate(zip([0, ctx[0]], ctx)):
+        kk = kq[start: start + c].repeat_interleave(heads // kv_heads, 1)  # (c, heads, d)
+        vv = vq[start: start + c].repeat_interleave(heads // kv_heads, 1)
+        p = torch.einsum("hd,khd->hk", q[s], kk).mul(d**-0.5).softmax(-1)
+        want = torch.einsum("hk,khd->hd", p, vv)
+        assert (out[s] - want).abs().max() < 1e-4, f"decode over the fp8 cache, sequence {s}"
+
+
 def test_fp8_kv(model_spec, dtype, options, engines, record, tier_root) -> None:
     extra = _fp8_setting(options)
     spec, ref, drift = tier_reference(model_spec, dtype, tier_root)
@@ -103,3 +139,4 @@ def test_fp8_kv_gpu(model_spec, options, record, tier_root) -> None:
     record(warm)
     assert cold.passed, "\n" + cold.format_failures()
     assert warm.passed, "\n" + warm.format_failures()
+

@@ -58,6 +58,8 @@ TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
 ENGINE_PY, DETOK = "nanovllm_ref/engine/llm_engine.py", "nanovllm_ref/engine/detokenizer.py"
 TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  # the word-level golden
 DETOK_TESTS = "tests/engine/test_detokenizer.py"
+FP8_ENGINE, FP8_KERNELS = "tests/engine/test_fp8_kv_cache.py", "tests/kernels/test_kernel_fp8_kv.py"
+FP8_TIER = ("conformance/test_fp8_kv.py",)
 
 
 M = Mutant
@@ -433,6 +435,34 @@ MUTANTS: tuple[Mutant, ...] = (
     M("text-stream-holds-nothing", DETOK, "max(self.streamed, len(self.text) - self.hold)", "len(self.text)",
       "streaming does not hold back a possible stop string's beginning, which the stop then cuts",
       (DETOK_TESTS,), (TEXT_CONF,)),
+    # FP8 KV cache: caught by the fp8-kv tier (conformance/test_fp8_kv.py; its kernel check runs the Triton kernels
+    # in the interpreter on the CPU, compiled with -m gpu)
+    M("fp8-scale-twice", "nanovllm_ref/kernels/kv_quant.py", "    return x.float() * scale.view(shape)",
+      "    return x.float() * scale.view(shape) * scale.view(shape)",
+      "FP8 KV: the cache's values dequantized with the scale applied twice", (FP8_ENGINE,), FP8_TIER),
+    M("fp8-scale-wrong-axis", "nanovllm_ref/kernels/kv_quant.py", "    return kv_scales[0], kv_scales[1]",
+      "    k_scale, v_scale = kv_scales.reshape(-1, 2).t()\n    return k_scale, v_scale",
+      "FP8 KV: a layer's (2, kv_heads) scales read as (kv_heads, 2): K and V scales mixed across heads",
+      (FP8_ENGINE,), FP8_TIER),
+    M("fp8-no-saturation", "nanovllm_ref/kernels/_triton_common.py",
+      "        x = tl.minimum(tl.maximum(x, -448.0), 448.0)\n", "",
+      "FP8 KV Triton store: no clamp to +-448 before the e4m3 conversion (out-of-range values wrap or turn NaN)",
+      (FP8_KERNELS,), FP8_TIER),
+    M("fp8-dequant-wrong-dtype", "nanovllm_ref/attention/sdpa_backend.py", "dequantize_kv(rows.view(FP8), ",
+      "dequantize_kv(rows, ", "FP8 KV (sdpa, the CPU default): the cache's bytes dequantized as uint8, not e4m3",
+      (FP8_ENGINE,), FP8_TIER),
+    M("fp8-prefix-hit-unscaled", "nanovllm_ref/attention/sdpa_backend.py",
+      "k, v = (self._values(gather_keys(c, plan.slots), i, 1) for i, c in enumerate((k_cache, v_cache)))",
+      "k, v = (gather_keys(c, plan.slots).view(FP8).float() for c in (k_cache, v_cache))",
+      "FP8 KV: a step after a prefix-cache hit (queries after cached keys) reads the cached blocks without their "
+      "scale (a stale scale of 1)", (FP8_ENGINE,), FP8_TIER),
+    M("fp8-decode-k-scale-twice", "nanovllm_ref/kernels/decode_attention.py",
+      "qk_scale = qk_scale * tl.load(kv_scale_ptr + kvh)",
+      "qk_scale = qk_scale * tl.load(kv_scale_ptr + kvh) * tl.load(kv_scale_ptr + kvh)",
+      "FP8 KV Triton decode: the K scale folded into the softmax scale twice", (FP8_KERNELS,), FP8_TIER),
+    M("fp8-decode-v-scale-axis", "nanovllm_ref/kernels/decode_attention.py",
+      "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + 2 * kvh + 1)",
+      "FP8 KV Triton decode: the V scale read from a (kv_heads, 2) layout", (FP8_KERNELS,), FP8_TIER),
 )
 
 

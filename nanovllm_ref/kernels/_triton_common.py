@@ -35,6 +35,11 @@ def upcast_dots(device: torch.device) -> bool:
     return device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def f16_dots(q: torch.Tensor, kv_scales: torch.Tensor | None) -> bool:
+    """An fp8 cache read by bfloat16 queries on a GPU: both products in float16 (kernels/decode_attention.py)."""
+    return kv_scales is not None and q.dtype == torch.bfloat16 and not upcast_dots(q.device)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs: exact fp32 products ("ieee"), since tf32 (10-bit mantissa) would miss the fp32 tolerance.
     16-bit inputs: the option is ignored; pass the default."""

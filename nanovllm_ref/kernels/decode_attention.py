@@ -20,8 +20,11 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   lengths, the SMs otherwise idle behind a few long sequences dispatched last. The grid is flat with the
   KV heads (and splits) of one sequence adjacent: on the headline's mixed contexts that read 5% less time
   than a sequence-fastest grid (87% -> 91.5% of the bytes bound, perf/RESULTS.md, "Kernels").
-- An fp8 cache (kv_scales given) is read as fp8 and converted to the query dtype in registers (exact: every e4m3
-  value is a bfloat16/float16 value); the K scale of the program's KV head is folded into the softmax scale
+- An fp8 cache (kv_scales given) is read as fp8 and converted in registers to float16, the dtype of both
+  products then (the query is cast too: exact for bf16 queries within fp16's range, |q| < 65504): e4m3 ->
+  fp16 is one native conversion on sm_89+, while e4m3 -> bf16 is emulated and made the kernel compute bound
+  (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16 (float32
+  queries keep float32 products). The K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
@@ -38,7 +41,7 @@ import os
 
 import torch
 
-from ._triton_common import LOG2E, dot_precision, num_sms, tl, triton, upcast_dots
+from ._triton_common import LOG2E, dot_precision, f16_dots, num_sms, tl, triton, upcast_dots
 from .prefill_attention import prefill_attention_reference
 
 
@@ -77,6 +80,7 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
+        F16_DOTS: tl.constexpr,
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -102,6 +106,8 @@ if triton is not None:
         d_mask = offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
+        if F16_DOTS:
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -160,9 +166,11 @@ if triton is not None:
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def decode_tile_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False) -> dict[str, int]:
     """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS)."""
-    if head_dim <= 128 and dtype != torch.float32:
+    if fp8 and head_dim <= 128 and dtype != torch.float32:
+        cfg = dict(FP8_DECODE_TILE)
+    elif head_dim <= 128 and dtype != torch.float32:
         # 2 warps, deep pipeline: the most consistent winner of three H200 sweeps (perf/RESULTS.md); against (64 keys,
         # 4 warps, 3 stages) even at batch 64 / context 2k, +4 to +5 points of copy bandwidth at larger shapes
         cfg = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
@@ -171,6 +179,11 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
     if os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") == "1":
         cfg = {"BLOCK_N": max(16, cfg["BLOCK_N"] // 2), "num_warps": 4, "num_stages": 1}
     return cfg
+
+
+# H200, headline decode shape (256 sequences, contexts 100-2,048, 8 KV heads, d 128): (64 keys, 2 warps, 4 stages)
+# 201 us against 226 (128, 4, 3), 243 (32, 2, 4), 269 (128, 2, 4), 288 (64, 4, 3); bf16 cache 270 us
+FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, sms: int) -> int:
@@ -210,7 +223,7 @@ def decode_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_seqs == 0:
         return out
-    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype)
+    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
@@ -234,7 +247,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
-        FP8=kv_scales is not None, **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -19,7 +19,8 @@ Triton kernel (`prefill_attention`): one launch for the whole varlen batch, Flas
   queries use a smaller BLOCK_Q). When it is None it is read from `query_start_loc` with a host sync, which
   is fine since prefill is never captured in a CUDA graph.
 - Softmax statistics and the accumulator are float32; P is cast to the K/V dtype for the PV product.
-- An fp8 cache (kv_scales given): read as fp8, converted to the query dtype in registers, the KV head's K scale
+- An fp8 cache (kv_scales given): read as fp8, converted to float16 in registers (as the query, see
+  kernels/decode_attention.py), the KV head's K scale
   folded into the softmax scale and its V scale into the output, as in kernels/decode_attention.py.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_common import LOG2E, dot_precision, tl, triton, upcast_dots
+from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
 from .kv_quant import dequantize_kv, split_scales
 
 
@@ -89,7 +90,7 @@ if triton is not None:
         group, num_kv_heads,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, F16_DOTS: tl.constexpr,
     ):
         # BLOCK_M = BLOCK_Q * BLOCK_G rows
         tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (last) query tiles first
@@ -114,6 +115,8 @@ if triton is not None:
         tok64 = (q_start + tok).to(tl.int64)
         q_off = tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        if F16_DOTS:
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         # keys visible to row r: pos <= prefix + tok[r] (causal) and pos < seq_len (rows past q_len)
         row_end = tl.minimum(prefix + tok + 1, seq_len)
@@ -197,6 +200,6 @@ def prefill_attention(
         group, num_kv_heads,
         BLOCK_SIZE=block_size, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype),
-        FP8=kv_scales is not None, **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
     )
     return out

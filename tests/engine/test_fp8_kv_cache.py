@@ -29,7 +29,7 @@ def scaled(tmp_path_factory) -> str:
 
 
 def _run(path: str, **kw):
-    with LLM(path, dtype="float32", max_model_len=256, kv_cache_dtype="fp8", **kw) as llm:
+    with LLM(path, device="cpu", dtype="float32", max_model_len=256, kv_cache_dtype="fp8", **kw) as llm:
         return llm.generate(PROMPTS, GREEDY, use_tqdm=False)
 
 
@@ -66,7 +66,7 @@ def test_rank_heads_follow_the_qkv_split():
 
 
 def test_fp8_cache_holds_twice_the_blocks_of_bf16():
-    kw = dict(dtype="bfloat16", kv_cache_memory_gb=0.001, max_model_len=256)
+    kw = dict(device="cpu", dtype="bfloat16", kv_cache_memory_gb=0.001, max_model_len=256)
     with LLM(str(checkpoint_path(MODEL)), **kw) as a, LLM(str(checkpoint_path(MODEL)), kv_cache_dtype="fp8", **kw) as b:
         n16, n8 = a.engine.runner.num_kvcache_blocks, b.engine.runner.num_kvcache_blocks
         assert b.engine.runner.kv_cache.dtype == torch.float8_e4m3fn and n8 >= 2 * n16 - 1
@@ -77,7 +77,7 @@ def test_sdpa_torch_and_tp2_agree(scaled):
     _assert_same(_run(scaled), ref)  # sdpa, the CPU default
     _assert_same(_run(scaled, tensor_parallel_size=2), ref)
     assert not multiprocessing.active_children()
-    with LLM(scaled, dtype="float32", max_model_len=256) as llm:  # the scales change the result
+    with LLM(scaled, device="cpu", dtype="float32", max_model_len=256) as llm:  # the scales change the result
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] != [o.token_ids for o in ref]
 
 

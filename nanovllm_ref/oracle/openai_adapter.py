@@ -172,6 +172,7 @@ class OpenAIAdapter:
                         for part in split_n(params, self.max_n)]  # a server caps n: more samples, more requests
             bodies = in_flight(self._post, payloads)
             choices = [c for body in bodies for c in sorted(body["choices"], key=lambda c: c.get("index", 0))]
+            cached = cached_tokens(bodies[0].get("usage"))  # the first request's: later parts may hit its blocks
             completions = []
             for choice in choices:
                 lp = choice["logprobs"]
@@ -183,7 +184,7 @@ class OpenAIAdapter:
                            for d in plp]
                 completions.append(Completion(list(tokens), choice.get("finish_reason"),
                                               steps if want_logprobs else None, plp,
-                                              cached_tokens(body.get("usage")), choice.get("text"),
+                                              cached, choice.get("text"),
                                               choice.get("stop_reason", UNREPORTED)))
             results.append(completions)
         return results

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from nanovllm_ref.engine.loading import load_tokenizer
+from nanovllm_ref.loader import load_tokenizer
 
 from golden.load import checkpoint_path
 from nanovllm_ref import LLM, SamplingParams

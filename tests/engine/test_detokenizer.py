@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from nanovllm_ref.loader import load_tokenizer
 
 from golden.load import checkpoint_path
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
+from nanovllm_ref.loader import load_tokenizer
 from nanovllm_ref.oracle.text_reference import ReferenceText, TextRules
 
 BPE, WORDS, SPM = "qwen3-tiny", "qwen3-words-hd32", "mistral-spm-hd32"

@@ -91,8 +91,8 @@ def resolve_model(model: str | os.PathLike) -> str:
         return str(CHECKPOINTS_DIR / text)
     if os.path.isdir(text):
         return text
-    raise ValueError(f"model {text!r} is neither a checkpoint folder nor a golden checkpoint name "
-                     f"({', '.join(list_checkpoints())})")
+    raise ValueError(f"model {text!r} does not exist: it is neither a checkpoint folder nor a golden checkpoint "
+                     f"name ({', '.join(list_checkpoints())})")
 
 
 def golden_name(path: str | os.PathLike) -> str | None:

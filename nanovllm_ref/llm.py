@@ -117,9 +117,9 @@ class LLM:
 def _prompt_list(prompts: Any) -> list:
     if isinstance(prompts, (str, dict)):
         return [prompts]
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise TypeError("prompts must be a prompt (a str, token ids or a prompt dict) or a non-empty list of them")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError("prompts must be a prompt (a str, token ids or a prompt dict) or a list of them")
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [list(prompts)]  # one token-id prompt
     return list(prompts)
 

@@ -34,11 +34,11 @@ def test_one_prompt_in_any_form_equals_the_same_prompt_in_a_list(llm):
         assert [o.token_ids for o in outs] == [ref.token_ids], prompt
     outs = llm.generate([{"prompt_token_ids": ids}, "import os"], GREEDY, use_tqdm=False)
     assert outs[0].token_ids == ref.token_ids and len(outs) == 2
+    assert llm.generate([], GREEDY, use_tqdm=False) == []  # an empty batch
 
 
 @pytest.mark.parametrize("bad, message", [
     ({"prompt": "x", "extra": 1}, "either 'prompt' or 'prompt_token_ids'"),
-    ([], "non-empty list"),
     (None, "prompts must be"),
     ([3.5], "a prompt must be a str or a list of token ids"),
 ])
@@ -112,7 +112,7 @@ def test_the_model_resolver_prefers_a_checkpoint_folder_then_a_golden_name(tmp_p
     assert resolve_model(QWEN3) == QWEN3 and golden_name(QWEN3) is None
     (tmp_path / "empty").mkdir()
     assert resolve_model("empty") == "empty"  # (the loader then says that config.json is missing)
-    with pytest.raises(ValueError, match=r"'sub/qwen3-tiny' is neither .* \(.*qwen3-tiny"):
+    with pytest.raises(ValueError, match=r"'sub/qwen3-tiny' does not exist: it is neither .* \(.*qwen3-tiny"):
         resolve_model("sub/qwen3-tiny")  # a path is never read as a golden name
 
 

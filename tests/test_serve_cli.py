@@ -110,9 +110,9 @@ def test_serve_as_a_process_answers_and_stops_on_sigint():
 
 
 def test_bad_flags_fail_before_the_model_loads(capsys):
-    code, _, err = cli(capsys, "serve", "/nonexistent", "--chat-template", "/no/such/file")
+    code, _, err = cli(capsys, "serve", QWEN3, "--chat-template", "/no/such/file")
     assert code == 2 and "--chat-template: no such file" in err
-    code, _, err = cli(capsys, "serve", "/nonexistent", "--max-request-bytes", "0")
+    code, _, err = cli(capsys, "serve", QWEN3, "--max-request-bytes", "0")
     assert code == 2 and "max_request_bytes must be >= 1" in err
     code, _, err = cli(capsys, "generate", str(checkpoint_path(QWEN3)), "x", "--config", "{nope")
     assert code == 2 and "--config: not valid JSON" in err

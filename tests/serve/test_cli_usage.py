@@ -29,7 +29,7 @@ def test_version_prints_the_package_version(tmp_path):
 
 MISTAKES = {
     "a wrong path": (["generate", "/no/such/folder", "x"], "neither a checkpoint folder nor a golden checkpoint"),
-    "an unknown golden name": (["chat", "qwen3-tny"], "'qwen3-tny' is neither"),
+    "an unknown golden name": (["chat", "qwen3-tny"], "'qwen3-tny' does not exist: it is neither"),
     "a folder without a checkpoint": (["generate", ".", "x"], "has no config.json"),
     "an unknown dtype": (["generate", "qwen3-tiny", "x", "--dtype", "float64"], "invalid choice: 'float64'"),
     "a negative max-tokens": (["generate", "qwen3-tiny", "x", "--max-tokens", "-3"], "max_tokens must be an int"),

@@ -84,17 +84,18 @@ def test_sdpa_torch_and_tp2_agree(scaled):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_fp8_blocks_and_tokens(scaled):
-    """At one gpu_memory_utilization the fp8 cache holds >= 1.9x the blocks of bf16; the CUDA engine (Triton
-    kernels, CUDA graphs) gives the CPU engine's fp8 tokens."""
+    """At one gpu_memory_utilization the fp8 cache holds >= 1.9x the blocks of bf16 (H200, qwen3-gqa4 at 0.3:
+    3,659,604 vs 7,314,116, 1.999x); in float32 the CUDA engine (Triton kernels, CUDA graphs) gives the CPU engine's
+    fp8 tokens (in bf16 the dtype's noise flips e4m3 roundings and greedy paths diverge: the fp8-kv tier's GPU
+    variant compares those under its measured tolerance)."""
     kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=256)
     blocks = []
     for kv in ("auto", "fp8"):
         with LLM(scaled, kv_cache_dtype=kv, **kw) as llm:
             blocks.append(llm.engine.runner.num_kvcache_blocks)
-            outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     print(f"blocks at gpu_memory_utilization=0.3: bf16 {blocks[0]}, fp8 {blocks[1]}, ratio {blocks[1] / blocks[0]:.3f}")
     assert blocks[1] >= 1.9 * blocks[0]
-    with LLM(scaled, device="cpu", dtype="bfloat16", max_model_len=256, kv_cache_dtype="fp8") as cpu:
-        ref = cpu.generate(PROMPTS, GREEDY, use_tqdm=False)
-    agree = sum(a.token_ids == b.token_ids for a, b in zip(outs, ref))
-    assert agree >= len(PROMPTS) - 1, [(a.token_ids, b.token_ids) for a, b in zip(outs, ref)]
+    with LLM(scaled, **{**kw, "dtype": "float32"}, kv_cache_dtype="fp8") as gpu:
+        outs = gpu.generate(PROMPTS, GREEDY, use_tqdm=False)
+    ref = _run(scaled)
+    assert sum(a.token_ids == b.token_ids for a, b in zip(outs, ref)) >= len(PROMPTS) - 1

@@ -81,6 +81,25 @@ def test_sdpa_torch_and_tp2_agree(scaled):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] != [o.token_ids for o in ref]
 
 
+SETTINGS = {"preempt": dict(num_kvcache_blocks=8, max_model_len=128), "chunked": dict(max_num_batched_tokens=20),
+            "block256": dict(kvcache_block_size=256), "no-prefix-cache": dict(enable_prefix_caching=False)}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_scheduling_regimes_match(scaled, setting):
+    """Preemption (recompute), chunked prefill, 256-token blocks, no prefix cache: the default run's fp8 outputs,
+    and again warm (prefix-cache hits read the fp8 blocks with their scales)."""
+    prompts = [p + [i] for i in range(3) for p in PROMPTS]  # 12 requests: 8 blocks cannot hold them all
+    kw = {"device": "cpu", "dtype": "float32", "max_model_len": 256, "kv_cache_dtype": "fp8"}
+    with LLM(scaled, **kw) as llm:
+        ref = llm.generate(prompts, GREEDY, use_tqdm=False)
+    with LLM(scaled, **{**kw, **SETTINGS[setting]}) as llm:
+        _assert_same(llm.generate(prompts, GREEDY, use_tqdm=False), ref)
+        if setting == "preempt":
+            assert llm.engine.scheduler.num_preemptions > 0
+        _assert_same(llm.generate(prompts, GREEDY, use_tqdm=False), ref)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_fp8_blocks_and_tokens(scaled):

@@ -21,7 +21,7 @@ from nanovllm_ref.oracle import fp8_kv
 from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
 from nanovllm_ref.oracle.references import golden_reference, run_check
 
-from .harness import ModelSpec, live_prompts, tolerance_for
+from .harness import ModelSpec, live_prompts
 
 PROMPTS = ("single_a", "short_5", "block_15", "block_16", "block_17", "block_33", "long_130", "shared48_prefix",
            "shared48_a", "shared48_b", "prefix_of_next", "extends_prev")
@@ -108,7 +108,7 @@ def test_fp8_kv_kernels(options) -> None:
 def test_fp8_kv(model_spec, dtype, options, engines, record, tier_root) -> None:
     extra = _fp8_setting(options)
     spec, ref, drift = tier_reference(model_spec, dtype, tier_root)
-    tol = tolerance_for(dtype, options, ref)
+    tol = fp8_kv.tolerance(ref, options.tol, options.prompt_tol)
     outputs = engines.generate(spec, dtype, ref, **extra)
     adapter = engines.get(spec, dtype, **extra)
     cold = run_check(adapter, ref, tol, case="fp8-kv", outputs=outputs)
@@ -130,9 +130,9 @@ def test_fp8_kv_gpu(model_spec, options, record, tier_root) -> None:
     kwargs.setdefault("kv_cache_dtype", "fp8_e4m3")
     adapter = NanovllmRefAdapter(spec.path, "bfloat16", device="cuda", **kwargs)
     try:
-        cold = run_check(adapter, ref, tolerance_for("bfloat16", options, ref), case="fp8-kv-cuda")
-        warm = run_check(adapter, ref, tolerance_for("bfloat16", options, ref), case="fp8-kv-cuda-warm",
-                         prompt_logprobs=False)
+        tol = fp8_kv.tolerance(ref, options.tol, options.prompt_tol)
+        cold = run_check(adapter, ref, tol, case="fp8-kv-cuda")
+        warm = run_check(adapter, ref, tol, case="fp8-kv-cuda-warm", prompt_logprobs=False)
     finally:
         adapter.close()
     record(cold)

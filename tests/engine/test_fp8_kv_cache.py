@@ -81,20 +81,40 @@ def test_sdpa_torch_and_tp2_agree(scaled):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] != [o.token_ids for o in ref]
 
 
+SETTINGS = {"preempt": dict(num_kvcache_blocks=8, max_model_len=128), "chunked": dict(max_num_batched_tokens=20),
+            "block256": dict(kvcache_block_size=256), "no-prefix-cache": dict(enable_prefix_caching=False)}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_scheduling_regimes_match(scaled, setting):
+    """Preemption (recompute), chunked prefill, 256-token blocks, no prefix cache: the default run's fp8 outputs,
+    and again warm (prefix-cache hits read the fp8 blocks with their scales)."""
+    prompts = [p + [i] for i in range(3) for p in PROMPTS]  # 12 requests: 8 blocks cannot hold them all
+    kw = {"device": "cpu", "dtype": "float32", "max_model_len": 256, "kv_cache_dtype": "fp8"}
+    with LLM(scaled, **kw) as llm:
+        ref = llm.generate(prompts, GREEDY, use_tqdm=False)
+    with LLM(scaled, **{**kw, **SETTINGS[setting]}) as llm:
+        _assert_same(llm.generate(prompts, GREEDY, use_tqdm=False), ref)
+        if setting == "preempt":
+            assert llm.engine.scheduler.num_preemptions > 0
+        _assert_same(llm.generate(prompts, GREEDY, use_tqdm=False), ref)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_fp8_blocks_and_tokens(scaled):
-    """At one gpu_memory_utilization the fp8 cache holds >= 1.9x the blocks of bf16; the CUDA engine (Triton
-    kernels, CUDA graphs) gives the CPU engine's fp8 tokens."""
+    """At one gpu_memory_utilization the fp8 cache holds >= 1.9x the blocks of bf16 (H200, qwen3-gqa4 at 0.3:
+    3,659,604 vs 7,314,116, 1.999x); in float32 the CUDA engine (Triton kernels, CUDA graphs) gives the CPU engine's
+    fp8 tokens (in bf16 the dtype's noise flips e4m3 roundings and greedy paths diverge: the fp8-kv tier's GPU
+    variant compares those under its measured tolerance)."""
     kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=256)
     blocks = []
     for kv in ("auto", "fp8"):
         with LLM(scaled, kv_cache_dtype=kv, **kw) as llm:
             blocks.append(llm.engine.runner.num_kvcache_blocks)
-            outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     print(f"blocks at gpu_memory_utilization=0.3: bf16 {blocks[0]}, fp8 {blocks[1]}, ratio {blocks[1] / blocks[0]:.3f}")
     assert blocks[1] >= 1.9 * blocks[0]
-    with LLM(scaled, device="cpu", dtype="bfloat16", max_model_len=256, kv_cache_dtype="fp8") as cpu:
-        ref = cpu.generate(PROMPTS, GREEDY, use_tqdm=False)
-    agree = sum(a.token_ids == b.token_ids for a, b in zip(outs, ref))
-    assert agree >= len(PROMPTS) - 1, [(a.token_ids, b.token_ids) for a, b in zip(outs, ref)]
+    with LLM(scaled, **{**kw, "dtype": "float32"}, kv_cache_dtype="fp8") as gpu:
+        outs = gpu.generate(PROMPTS, GREEDY, use_tqdm=False)
+    ref = _run(scaled)
+    assert sum(a.token_ids == b.token_ids for a, b in zip(outs, ref)) >= len(PROMPTS) - 1

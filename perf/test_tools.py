@@ -79,7 +79,7 @@ def test_headline_roofline_with_fp8_kv():
 @pytest.mark.smoke
 def test_bench_engine_fp8_kv_smoke(tmp_path):
     out = tmp_path / "r.json"
-    assert bench_engine.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
+    assert bench_cli.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
                               "--kv-cache-dtype", "fp8", "--no-ceilings", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["config"]["kv_cache_dtype"] == "fp8" and rec["throughput"]["output_tokens"] > 0

@@ -322,8 +322,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "async scheduling feeds a mixed step's decode rows the step in flight's tokens by order, not by sequence",
       ("tests/test_async_scheduling.py",)),
     M("async-fill-never-finishes", "nanovllm_ref/engine/scheduler.py",
-      "            seq.token_ids[-1] = token\n            reason = self._finish_reason(seq, token)\n",
-      "            seq.token_ids[-1] = token\n            reason = None\n",
+      "                seq.token_ids[-1] = token  # the PENDING placeholder `_advance` appended\n",
+      "                seq.token_ids[-1] = token  # the PENDING placeholder `_advance` appended\n"
+      "                continue\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
       (SCHED, "tests/test_async_scheduling.py")),
 )

@@ -212,41 +212,29 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: dict[int, int], tokens: list[int] | None = None) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> next token, `tokens` (optional) has the same
         tokens in the step's sampling order (StepInput.sample_seq_ids) when every row sampled. Returns the finished
-        ones."""
-        if out.advanced:
-            return self._fill_pending(out, sampled)
+        ones. A step `_advance`d while in flight only has its tokens to give: they replace its PENDING ones (a
+        sequence preempted meanwhile keeps its token too: its recompute then starts from it)."""
         batch = out.decode_batch
-        if batch is not None and batch is self._decode_batch:
+        if batch is not None and batch is self._decode_batch and not out.advanced:
             if tokens is None:
                 tokens = list(map(sampled.get, batch.sampling[0]))
             if None not in tokens:
                 return self._update_decodes(batch, tokens, out.scheduled)
         self._decode_batch = None
         live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
-        for seq, num_new in live:
-            seq.num_computed_tokens += num_new
-        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+        if not out.advanced:
+            for seq, num_new in live:
+                seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
         finished = []
         for seq, _ in live:
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-                finished.append(seq)
-        return finished
-
-    def _fill_pending(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        """The tokens of an advanced step replace its PENDING ones (a sequence preempted meanwhile keeps its token
-        too: its recompute then starts from it); returns the sequences that finished."""
-        finished = []
-        for seq, _ in out.scheduled:
-            token = sampled.get(seq.seq_id)
-            if token is None or seq.status is SequenceStatus.FINISHED:
-                continue
-            seq.token_ids[-1] = token
+            if out.advanced:
+                seq.token_ids[-1] = token  # the PENDING placeholder `_advance` appended
+            else:
+                seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)

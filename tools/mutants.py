@@ -179,8 +179,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "for i in range((seq.num_tokens - 1) // bs):", "for i in range(seq.num_tokens // bs):",
       "a fully cached prompt leaves no token to compute", (BLOCKS,)),
     M("budget-running-uncapped", "nanovllm_ref/engine/scheduler.py",
-      "num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)",
-      "num_new = len(seq.token_ids) - seq.num_computed_tokens",
+      "num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)",
+      "num_new = seq.num_tokens - seq.num_computed_tokens",
       "scheduler: a running prefill's next chunk is not capped by the token budget", (SCHED,)),
     M("admit-on-empty-budget", "nanovllm_ref/engine/scheduler.py",
       "while self.waiting and budget > 0 and", "while self.waiting and budget >= 0 and",
@@ -322,9 +322,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "async scheduling feeds a mixed step's decode rows the step in flight's tokens by order, not by sequence",
       ("tests/test_async_scheduling.py",)),
     M("async-fill-never-finishes", "nanovllm_ref/engine/scheduler.py",
-      "                seq.token_ids[-1] = token  # the PENDING placeholder `_advance` appended\n",
-      "                seq.token_ids[-1] = token  # the PENDING placeholder `_advance` appended\n"
-      "                continue\n",
+      "            seq.num_pending -= out.advanced\n",
+      "            seq.num_pending -= out.advanced\n            if out.advanced:\n                continue\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
       (SCHED, "tests/test_async_scheduling.py")),
 )

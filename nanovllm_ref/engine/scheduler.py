@@ -188,8 +188,7 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
-        self._decode_batch = None
+    def _preempt(self, seq: Sequence) -> None:  # (only on the general path, which has dropped the DecodeBatch)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

@@ -272,6 +272,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             if where is not SequenceStatus.RUNNING:
                 check(not seq.block_table and seq.num_computed_tokens == 0, "blocks",
                       f"{name(seq)} ({where.value}) holds blocks {seq.block_table}")
+            # between steps every token is known: the one a step in flight samples is pending only until applied
+            check(seq.num_pending == 0, "pending", f"{name(seq)} has {seq.num_pending} pending tokens between steps")
         check_block_manager(s.block_manager, running)
 
     def teardown(self) -> None:

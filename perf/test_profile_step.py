@@ -81,7 +81,7 @@ def test_bounds_are_bytes_over_bandwidth():
 
 @pytest.mark.skipif(has_cuda(), reason="the CPU pass; on a GPU the tool runs whole")
 def test_cpu_pass_steps_and_timings():
-    llm = ps.build_llm("tiny", device="cpu")
+    llm = ps.build_llm("tiny", device="cpu", async_scheduling=True)  # (the GPU default; the CPU asks for it)
     try:
         ps._instrument(llm)
         w = workloads.smoke(num_requests=4, max_prompt=24, max_output=12)

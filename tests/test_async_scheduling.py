@@ -1,4 +1,4 @@
-"""Async scheduling (LLMEngine._step_async, Scheduler.schedule_ahead, ModelRunner.launch): the step after the
+"""Async scheduling (LLMEngine._launch_behind, Scheduler.schedule_ahead, ModelRunner.launch): the step after the
 one in flight (decode, prefill chunks, or both) is scheduled and launched before that step's tokens are known, the
 input ids of rows continuing from them taken on the device. It must change nothing a user sees: the same tokens,
 texts and finish reasons as the synchronous engine, with rows finishing (stop tokens, stop strings, length limits

@@ -29,7 +29,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(checkpoint_path(QWEN3)), dtype="float32", max_model_len=256)
+    # async scheduling as on a GPU: plain rows launched ahead next to rows the host samples
+    return LLM(str(checkpoint_path(QWEN3)), dtype="float32", max_model_len=256, async_scheduling=True)
 
 
 def test_processing_path_equals_transformers_processors() -> None:

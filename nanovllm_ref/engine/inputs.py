@@ -15,13 +15,13 @@ import numpy as np
 
 from ..sampling_params import ProcessedRow
 from .scheduler import SchedulerOutput
-from .sequence import PENDING, Sequence
+from .sequence import Sequence
 
 
 @dataclass
 class StepInput:
     # per token: lists (decode steps) or int64 arrays (general steps)
-    input_ids: list[int] | np.ndarray = field(default_factory=list)  # PENDING where `pending` names the token
+    input_ids: list[int] | np.ndarray = field(default_factory=list)  # -1 where `pending` names the token
     positions: list[int] | np.ndarray = field(default_factory=list)
     slot_mapping: list[int] | np.ndarray = field(default_factory=list)
     query_start_loc: list[int] = field(default_factory=lambda: [0])
@@ -93,7 +93,8 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
         input_ids += seq.token_ids[start:end]
-        if input_ids[-1] == PENDING:
+        if end > len(seq.token_ids):  # its last token is the step in flight's sample, on the device only
+            input_ids.append(-1)
             step.pending.append((row + num_new - 1, seq.seq_id))
         starts.append(start)
         seq_lens.append(end)

@@ -2,7 +2,7 @@
 
 Async scheduling (`Config.async_scheduling`: by default on CUDA only; steps without logprobs or logits processing;
 also under TP): the next step (decode, prefill chunks or both) is scheduled and launched before the current one's
-tokens are read back (`_step_async`); rows that continue with a token of the step in flight take it on the device.
+tokens are read back (`_launch_behind`); rows that continue with a token of the step in flight take it on the device.
 The host's update, scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's
 async scheduling, SGLang's overlap scheduler).
 
@@ -28,7 +28,7 @@ from .detokenizer import IncrementalDetokenizer
 from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import PENDING, Sequence
+from .sequence import Sequence
 from .workers import WorkersFailed
 
 
@@ -193,23 +193,34 @@ class LLMEngine:
             return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
-        if self._ahead is not None:  # the step scheduled ahead in the previous call
+        """The plain loop (schedule, run, apply) or, for a step the device can sample alone, the overlap loop (launch
+        it, schedule and launch the step behind it, then wait for it and apply it): mini-sglang's two loops."""
+        out, launched = self._next_step()
+        if launched is None:
+            if not out.scheduled:
+                return []
+            step = prepare_step(out, self.config.kvcache_block_size)
+            if not self._can_launch(step):
+                return self._apply(out, self.runner.execute(step))
+            launched = self.runner.launch(step)
+        self._ahead = self._launch_behind(out, launched)
+        finished = self._apply(out, self.runner.collect(launched))
+        self._drop_ahead_if_done()
+        return finished
+
+    def _next_step(self) -> tuple[SchedulerOutput, Launched | None]:
+        """The step scheduled behind the previous one (if it was not launched, without the rows that finished since),
+        else a newly scheduled one."""
+        if self._ahead is not None:
             (out, launched), self._ahead = self._ahead, None
-            self._stepping.append(out)
-            if launched is not None:
-                return self._step_async(out, launched)
-            out.scheduled = [(seq, n) for seq, n in out.scheduled if not seq.is_finished]
+            if launched is None:
+                out.scheduled = [(seq, n) for seq, n in out.scheduled if not seq.is_finished]
         else:
-            out = self.scheduler.schedule()
-            self._stepping.append(out)
+            out, launched = self.scheduler.schedule(), None
             if not out.scheduled and self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
-        if not out.scheduled:
-            return []
-        step = prepare_step(out, self.config.kvcache_block_size)
-        if not self._can_launch(step):
-            return self._apply(out, self.runner.execute(step))
-        return self._step_async(out, self.runner.launch(step))
+        self._stepping.append(out)
+        return out, launched
 
     def _can_launch(self, step: StepInput) -> bool:
         """Whether `step` may run without the host sampling it: logprobs need the logits there, penalties and other
@@ -217,32 +228,28 @@ class LLMEngine:
         return (self.async_scheduling and max(step.num_logprobs, default=-1) < 0 and not step.processed
                 and not step.prompt_logprobs)
 
-    def _step_async(self, out: SchedulerOutput, launched: Launched) -> list[RequestOutput]:
-        """With `out` in flight, schedule and launch the step behind it (rows continuing from `out`'s tokens take
-        them on the device), then wait for `out` and apply it. Rows that finish in `out` compute one more token in
-        the step behind it, which is dropped (as in vLLM's async scheduling)."""
+    def _launch_behind(self, out: SchedulerOutput, launched: Launched,
+                       ) -> tuple[SchedulerOutput, Launched | None] | None:
+        """With `out` in flight, the step behind it: scheduled now and, if the device can sample it alone, launched,
+        with the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
+        `out` compute one more token in it, which is dropped (as in vLLM's async scheduling)."""
         ahead = self.scheduler.schedule_ahead(out)
-        if ahead is not None:
-            self._stepping.append(ahead)
-            step = prepare_step(ahead, self.config.kvcache_block_size)
-            self._ahead = (ahead, self._launch_behind(launched, out, ahead, step) if self._can_launch(step) else None)
-        finished = self._apply(out, self.runner.collect(launched))
-        self._drop_ahead_if_done()
-        return finished
-
-    def _launch_behind(self, launched: Launched, out: SchedulerOutput, ahead: SchedulerOutput,
-                       step: StepInput) -> Launched:
-        """Launch `ahead` with its input ids from `launched` where they are `out`'s sampled tokens."""
+        if ahead is None:
+            return None
+        self._stepping.append(ahead)
+        step = prepare_step(ahead, self.config.kvcache_block_size)
+        if not self._can_launch(step):
+            return ahead, None
         if ahead.decode_batch is not None:  # a decode step: every row's input is its token in `out`
             keep = None
             if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
                 keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
-            return self.runner.launch(step, prev=launched, rows=keep)
+            return ahead, self.runner.launch(step, prev=launched, rows=keep)
         if not step.pending:
-            return self.runner.launch(step)
+            return ahead, self.runner.launch(step)
         row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
         dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])
-        return self.runner.launch(step, prev=launched, rows=list(rows), dst=list(dst))
+        return ahead, self.runner.launch(step, prev=launched, rows=list(rows), dst=list(dst))
 
     def _drop_ahead_if_done(self) -> None:
         """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""
@@ -323,9 +330,7 @@ class LLMEngine:
         detok = seq.detokenizer
         if detok is None or detok.num_fed == seq.num_output_tokens:
             return None
-        tokens = seq.output_token_ids[detok.num_fed :]
-        if PENDING in tokens:  # a token of a step in flight (async scheduling): fed once known
-            tokens = tokens[: tokens.index(PENDING)]
+        tokens = seq.output_token_ids[detok.num_fed :]  # known tokens only: one in flight is counted apart
         on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None
         return detok.add(tokens, stop_terminated=on_stop_token)
 

@@ -8,7 +8,7 @@ output is unaffected. Nothing here asserts: a request that could never fit is re
 (`check_fits`).
 Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the step behind the
 one in flight for the engine's async scheduling (vLLM v1's async scheduling): the step in flight is taken as done,
-its sampled tokens PENDING placeholders that the step behind reads on the device, and `update` fills them in.
+its sampled tokens pending (known on the device only, which the step behind reads there) until `update` brings them.
 `on_schedule` (optional, None by default) is called after every `schedule()` with the scheduler, the step's
 output and the waiting queue as it was before the step, so tests can check each decision against the
 invariants above (nanovllm_ref/oracle/schedule_check.py).
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .decode_batch import DecodeBatch
-from .sequence import PENDING, Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -30,7 +30,7 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
     decode_batch: DecodeBatch | None = None  # set when this is a steady decode step taken through the batch
-    advanced: bool = False  # taken as done while in flight (schedule_ahead): `update` only fills in its tokens
+    advanced: bool = False  # taken as done while in flight (schedule_ahead): its tokens are pending
 
     @property
     def num_batched_tokens(self) -> int:
@@ -142,32 +142,19 @@ class Scheduler:
     def schedule_ahead(self, in_flight: SchedulerOutput) -> SchedulerOutput | None:
         """Async scheduling: the step after `in_flight`, scheduled before its tokens are known (they stay on the
         device as the next step's input ids). A steady decode claims its DecodeBatch's next step; otherwise
-        `in_flight` is taken as done (`_advance`) and the general path schedules. None when the next step is a
-        steady decode after a general one (the DecodeBatch is built from known tokens, one step later) or nothing
-        can run: the engine then waits for `in_flight` and schedules as usual."""
+        `in_flight` is taken as done (`update` without its tokens) and the general path schedules. None when the next
+        step is a steady decode after a general one (the DecodeBatch is built from known tokens, one step later) or
+        nothing can run: the engine then waits for `in_flight` and schedules as usual."""
         batch = self._decode_batch
         if in_flight.decode_batch is batch is not None and batch.in_flight == 1 and not self._may_admit():
             ahead = self._claim_decode_step(batch)
             if ahead is not None:
                 return ahead
-        self._advance(in_flight)
-        if not self._may_admit() and all(len(s.token_ids) == s.num_computed_tokens + 1 for s in self.running):
+        self.update(in_flight, None)  # taken as done: its tokens come later
+        if not self._may_admit() and all(s.num_tokens == s.num_computed_tokens + 1 for s in self.running):
             return None
         out = self._observed(self._schedule_general)
         return out if out.scheduled else None
-
-    def _advance(self, out: SchedulerOutput) -> None:
-        """Take step `out` (in flight) as done: its sequences advance and each one that samples gets a PENDING
-        token, which `update` replaces. Every computed position stays a known token (the step that computes a
-        PENDING one is scheduled behind `out`, and advanced only after `out`'s tokens are filled in)."""
-        self._decode_batch = None
-        out.advanced = True
-        live = [(s, n) for s, n in out.scheduled if s.status is SequenceStatus.RUNNING]
-        for seq, num_new in live:
-            if out.samples(seq, num_new):
-                seq.token_ids.append(PENDING)
-            seq.num_computed_tokens += num_new
-        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
 
     def _may_admit(self) -> bool:
         return bool(self.waiting) and len(self.running) < self.max_num_seqs
@@ -183,10 +170,10 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            if seq.token_ids[-1] == PENDING and len(seq.token_ids) >= seq.max_num_tokens:
+            if seq.num_pending and seq.num_tokens >= seq.max_num_tokens:
                 i += 1  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
                 continue
-            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs
             scheduled.append((seq, num_new))
@@ -204,52 +191,51 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
-        self._decode_batch = None
+    def _preempt(self, seq: Sequence) -> None:  # (only on the general path, which has dropped the DecodeBatch)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int], tokens: list[int] | None = None) -> list[Sequence]:
-        """Advance the scheduled sequences; `sampled` maps seq_id -> next token, `tokens` (optional) has the same
-        tokens in the step's sampling order (StepInput.sample_seq_ids) when every row sampled. Returns the finished
-        ones."""
-        if out.advanced:
-            return self._fill_pending(out, sampled)
-        batch = out.decode_batch
-        if batch is not None and batch is self._decode_batch:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int] | None, tokens: list[int] | None = None,
+               ) -> list[Sequence]:
+        """The one place sequences advance: the scheduled ones count their new tokens as computed, those that sampled
+        take their token, and a stop token or the length limit finishes them (returned). `sampled` maps seq_id ->
+        token, `tokens` (optional) has the same tokens in the step's sampling order (StepInput.sample_seq_ids) when
+        every row sampled. `sampled` None (async scheduling: `out` is in flight) does the first half only: the
+        tokens are pending (Sequence.num_pending) until a second call brings them (a sequence preempted meanwhile
+        keeps its token too: its recompute then starts from it)."""
+        batch, scheduled = out.decode_batch, out.scheduled
+        if batch is self._decode_batch is not None and sampled is not None and not out.advanced:  # decode_batch.py
             if tokens is None:
                 tokens = list(map(sampled.get, batch.sampling[0]))
             if None not in tokens:
-                return self._update_decodes(batch, tokens, out.scheduled)
+                if len(scheduled) != len(batch.seqs):  # rows finished while this step was in flight: their tokens go
+                    tokens = [t for (seq, _), t in zip(scheduled, tokens) if seq.status is not SequenceStatus.FINISHED]
+                full_rows, finished_rows = batch.advance(tokens)
+                self.block_manager.cache_full_blocks(*[batch.seqs[row] for row in full_rows])
+                finished = [batch.seqs[row] for row, _ in finished_rows]
+                for seq, (_, reason) in zip(finished, finished_rows):
+                    self.finish(seq, reason)
+                batch.remove_rows([row for row, _ in finished_rows])
+                self._decode_batch = batch  # finish() dropped it; without the finished rows it mirrors `running` again
+                return finished
         self._decode_batch = None
-        live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
-        for seq, num_new in live:
-            seq.num_computed_tokens += num_new
-        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+        live = [(s, n) for s, n in scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
+        if not out.advanced:
+            for seq, num_new in live:
+                seq.num_pending += sampled is None and out.samples(seq, num_new)
+                seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+            out.advanced = sampled is None
         finished = []
-        for seq, _ in live:
+        for seq, _ in live if sampled is not None else ():
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
             seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-                finished.append(seq)
-        return finished
-
-    def _fill_pending(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        """The tokens of an advanced step replace its PENDING ones (a sequence preempted meanwhile keeps its token
-        too: its recompute then starts from it); returns the sequences that finished."""
-        finished = []
-        for seq, _ in out.scheduled:
-            token = sampled.get(seq.seq_id)
-            if token is None or seq.status is SequenceStatus.FINISHED:
-                continue
-            seq.token_ids[-1] = token
+            seq.num_pending -= out.advanced
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
@@ -262,18 +248,6 @@ class Scheduler:
             return "stop"
         return "length" if len(seq.token_ids) >= seq.max_num_tokens else None
 
-    def _update_decodes(self, batch: DecodeBatch, tokens: list[int], scheduled: list) -> list[Sequence]:
-        if len(scheduled) != len(batch.seqs):  # rows finished while this step was in flight: their tokens go
-            tokens = [tok for (seq, _), tok in zip(scheduled, tokens) if seq.status is not SequenceStatus.FINISHED]
-        full_rows, finished_rows = batch.advance(tokens)
-        self.block_manager.cache_full_blocks(*[batch.seqs[row] for row in full_rows])
-        finished = [batch.seqs[row] for row, _ in finished_rows]
-        for seq, (_, reason) in zip(finished, finished_rows):
-            self.finish(seq, reason)
-        batch.remove_rows([row for row, _ in finished_rows])
-        self._decode_batch = batch  # finish() dropped it; without the finished rows it mirrors `running` again
-        return finished
-
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
         if seq.status is SequenceStatus.FINISHED:
@@ -284,7 +258,6 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
-        if seq.token_ids[-1] == PENDING:  # its step in flight failed or was aborted: that token never comes
-            seq.token_ids.pop()
+        seq.num_pending = 0  # its step in flight failed or was aborted: that token never comes
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -11,10 +11,6 @@ from enum import Enum
 
 from ..sampling_params import ProcessedRow, SamplingParams
 
-# A token id not known on the host yet: the last token of a sequence whose step is in flight under async scheduling
-# (Scheduler.schedule_ahead); the step behind it takes the real id on the device. At most one per sequence.
-PENDING = -1
-
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
@@ -26,9 +22,9 @@ class Sequence:
     _ids = itertools.count()
     # slots: the decode hot path writes num_computed_tokens of every running sequence each step
     __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "seed", "status",
-                 "num_computed_tokens", "num_cached_tokens", "num_preemptions", "block_table", "block_hashes",
-                 "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs", "prompt_logprobs",
-                 "needs_processing", "detokenizer", "stop_reason", "prefill_after", "group")
+                 "num_computed_tokens", "num_pending", "num_cached_tokens", "num_preemptions", "block_table",
+                 "block_hashes", "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs",
+                 "prompt_logprobs", "needs_processing", "detokenizer", "stop_reason", "prefill_after", "group")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
         self.seq_id = next(Sequence._ids)  # also the arrival order
@@ -39,6 +35,9 @@ class Sequence:
         self.seed = seed  # params.seed, or one drawn by the engine: every request samples from its own stream
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        # sampled by a step still in flight (async scheduling, Scheduler.schedule_ahead): counted in num_tokens, not
+        # yet in token_ids (the step behind takes it on the device); 0 or 1
+        self.num_pending = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0
         self.block_table: list[int] = []
@@ -67,8 +66,8 @@ class Sequence:
         return ProcessedRow(row, self.params, self.token_ids, self.num_prompt_tokens, self.stop_ids, self.seq_id)
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    def num_tokens(self) -> int:  # the tokens known and pending: the next position to compute is below it
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:

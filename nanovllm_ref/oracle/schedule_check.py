@@ -141,7 +141,8 @@ def nanovllm_ref_decision(scheduler: Any, out: Any, waiting_before: list[Any], s
 
     def view(seq: Any) -> ScheduledRequest:
         return ScheduledRequest(seq.request_id, new.get(seq.seq_id, 0), seq.num_computed_tokens,
-                                tuple(seq.token_ids), tuple(seq.block_table))
+                                tuple(seq.token_ids) + (-1,) * seq.num_pending,  # -1: sampled in flight (async)
+                                tuple(seq.block_table))
 
     bm = scheduler.block_manager
     contents = {b.block_id: b.token_ids for b in bm.blocks if b.hash is not None and b.ref_count > 0}

@@ -5,7 +5,7 @@ model writes each scheduled token into its KV slot, and a sampling sequence read
 through its block table; the next token is a hash of that context, so a request's output is fixed by its
 prompt alone and any scheduling slip (lost tokens, wrong slots, stale prefix-cache content) shows up.
 `step_async` runs steps as the engine's async scheduling does: the step behind the one in flight is scheduled
-(`schedule_ahead`) and run before the one in flight is applied, its PENDING input ids taken from that step's
+(`schedule_ahead`) and run before the one in flight is applied, its pending input ids (-1) taken from that step's
 samples (as the device does); rows that finish meanwhile compute a token that is dropped.
 """
 
@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from nanovllm_ref.engine.block_manager import BlockManager
 from nanovllm_ref.engine.inputs import StepInput, prepare_step
 from nanovllm_ref.engine.scheduler import Scheduler, SchedulerOutput
-from nanovllm_ref.engine.sequence import PENDING, Sequence, SequenceStatus
+from nanovllm_ref.engine.sequence import Sequence, SequenceStatus
 from nanovllm_ref.sampling_params import SamplingParams
 
 from .prop_common import (
@@ -140,7 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _fake_model(self, out: SchedulerOutput, step: StepInput, prev: dict[int, int] | None = None,
                     ) -> dict[int, int]:
-        """Write the step's KV, then sample each sampling sequence from the context it reads back. PENDING input
+        """Write the step's KV, then sample each sampling sequence from the context it reads back. Pending input
         ids are the tokens that `prev` (the step in flight) sampled."""
         bm = self.sched.block_manager
         bs = bm.block_size
@@ -150,7 +150,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             pending = [(i, q.seq_id) for i, (q, _) in enumerate(out.scheduled)]
         for row, seq_id in pending:
             input_ids[row] = prev[seq_id]
-        check(PENDING not in input_ids, "pending", f"PENDING input ids left: {step.input_ids}, {step.pending}")
+        check(-1 not in input_ids, "pending", f"pending input ids left: {step.input_ids}, {step.pending}")
         for slot, token in zip(step.slot_mapping, input_ids):
             block = bm.blocks[slot // bs]
             check(block.ref_count == 1 and block.hash is None, "kv-write",
@@ -162,9 +162,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             table, seq_len = seq.block_table, step.seq_lens[i]
             context = [self.kv.get(table[p // bs] * bs + p % bs) for p in range(seq_len)]
-            # the tokens known on the host, then the one the step in flight samples (a PENDING one, or the next one
+            # the tokens known on the host, then the one the step in flight samples (a pending one, or the next one
             # of a decode step claimed ahead)
-            tokens = [t for t in seq.token_ids if t != PENDING]
+            tokens = list(seq.token_ids)
             if seq_len > len(tokens):
                 tokens.append(prev[seq.seq_id])
             check(context == tokens, "kv-content", f"{name(seq)} attends to {context} but its tokens are {tokens}")
@@ -272,6 +272,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             if where is not SequenceStatus.RUNNING:
                 check(not seq.block_table and seq.num_computed_tokens == 0, "blocks",
                       f"{name(seq)} ({where.value}) holds blocks {seq.block_table}")
+            # between steps every token is known: the one a step in flight samples is pending only until applied
+            check(seq.num_pending == 0, "pending", f"{name(seq)} has {seq.num_pending} pending tokens between steps")
         check_block_manager(s.block_manager, running)
 
     def teardown(self) -> None:

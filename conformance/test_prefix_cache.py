@@ -30,23 +30,23 @@ from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, suppor
 
 from .harness import selected_models
 
-BLOCK_SIZE, BLOCKS = 16, 11
+BLOCK_SIZE, BLOCKS = 32, 11  # 32: vLLM's CPU attention takes multiples of 32 only
 SEGMENTS = {"A": 4, "B": 4, "C": 6, "D": 2}  # name -> blocks
-# (segments of the prompt, expected cached tokens). A request holds its segment's blocks and one more (its own token
+# (segments of the prompt, expected cached blocks). A request holds its segment's blocks and one more (its own token
 # and outputs: "x"). The free queue after each request, least recently freed first ("_": never used):
 SCRIPT = (
     ("A", 0),   # _ _ _ _ _ _ xA A3 A2 A1 A0
     ("B", 0),   # _ xA A3 A2 A1 A0 xB B3 B2 B1 B0
-    ("A", 64),  # A0-A3 hit, + the last never-used block: xA xB B3 B2 B1 B0 xA A3 A2 A1 A0
+    ("A", 4),   # A0-A3 hit, + the last never-used block: xA xB B3 B2 B1 B0 xA A3 A2 A1 A0
     ("C", 0),   # 7 blocks evict xA xB B3 B2 B1 B0 xA (all of B, none of A): A3 A2 A1 A0 xC C5 .. C0
-    ("A", 64),  # A kept; evicts xC: C5 .. C0 xA A3 A2 A1 A0
-    ("C", 96),  # C kept; evicts xA: A3 A2 A1 A0 xC C5 .. C0
+    ("A", 4),   # A kept; evicts xC: C5 .. C0 xA A3 A2 A1 A0
+    ("C", 6),   # C kept; evicts xA: A3 A2 A1 A0 xC C5 .. C0
     ("D", 0),   # 3 blocks evict A3 A2 A1 (A's tail, not its head): A0 xC C5 .. C0 xD D1 D0
-    ("A", 16),  # A0 hits; evicts xC C5 C4 C3: C2 C1 C0 xD D1 D0 xA A3 A2 A1 A0
-    ("C", 48),  # C0-C2 hit (C's tail was evicted, its head kept)
+    ("A", 1),   # A0 hits; evicts xC C5 C4 C3: C2 C1 C0 xD D1 D0 xA A3 A2 A1 A0
+    ("C", 3),   # C0-C2 hit (C's tail was evicted, its head kept)
 )
-EXPECTED = [cached for _, cached in SCRIPT]
-PREEMPT_PROMPT_BLOCKS, PREEMPT_OUTPUT = 2, 60  # two requests of 2 blocks + 1 and 60 tokens: 6 blocks each, 11 total
+EXPECTED = [blocks * BLOCK_SIZE for _, blocks in SCRIPT]  # cached prompt tokens
+PREEMPT_PROMPT_BLOCKS, PREEMPT_OUTPUT = 2, 4 * BLOCK_SIZE - 8  # 2 blocks + 1 and 120 tokens: 6 blocks each, 11 in all
 
 
 def prefix_cache_kwargs(engine: str):
@@ -95,7 +95,7 @@ def test_cached_tokens_follow_lru(cache_engine) -> None:
     segments, rng = _prompts(vocab)
     got = [_cached(adapter, segments[name] + [rng.randrange(3, vocab)], BLOCK_SIZE) for name, _ in SCRIPT]
     bad = [f"  request {i} ({name}): {g} cached tokens, expected {want}"
-           for i, ((name, want), g) in enumerate(zip(SCRIPT, got)) if g != want]
+           for i, ((name, _), want, g) in enumerate(zip(SCRIPT, EXPECTED, got)) if g != want]
     assert not bad, (f"cached prompt tokens (blocks of {BLOCK_SIZE}, {BLOCKS} blocks; LRU, tail first): got {got}, "
                      f"expected {EXPECTED}:\n" + "\n".join(bad))
     # C0-C2 are cached now, but prompt logprobs need every prompt position computed: no hit (vLLM skips the cache)

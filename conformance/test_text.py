@@ -9,7 +9,8 @@ reference's tokens by nanovllm_ref/oracle/text_reference.py (vLLM's policy, the 
 * golden greedy trajectories of two prompts: plain, special tokens kept; a stop string spanning two tokens
   (listed after one that never occurs), with and without include_stop_str_in_output, completed by the last
   allowed token, completed inside min_tokens (no stop there), begun inside min_tokens and completed after it
-  (a stop); a stop token id (its text left out, or kept with include_stop_str_in_output); n=3;
+  (a stop); a stop token id (its text left out, or kept with include_stop_str_in_output); n=3 (top_k=1: vLLM
+  refuses n > 1 with greedy sampling);
 * forced trajectories, the same on any model (logit biases of 50 and 100 dwarf a tiny model's logits, and
   min_tokens masks the stop tokens at first): a token 3 times then EOS (skip_special_tokens on / off,
   include_stop_str_in_output, spaces_between_special_tokens off; a special token where the tokenizer has one
@@ -115,7 +116,8 @@ class TextRun:
         stop, j = spanning_stop(self.rt.pieces(prompt, traj[:LEN], TextRules()))
         stop_cases = (("stop-spanning", {}), ("stop-spanning-include", {"include_stop_str_in_output": True}),
                       ("stop-on-last-token", {"max_tokens": j + 1}), ("stop-inside-min-tokens", {"min_tokens": j + 1}),
-                      ("stop-across-min-tokens", {"min_tokens": j}), ("n3-stop", {"n": 3}))
+                      ("stop-across-min-tokens", {"min_tokens": j}),
+                      ("n3-stop", {"n": 3, "temperature": 1.0, "top_k": 1, "seed": 7}))  # (vLLM: greedy means n=1)
         for case, extra in stop_cases:
             if stop is None:
                 self.missing[case] = "no two neighbouring tokens with text on both sides"

@@ -9,7 +9,8 @@ reference's tokens by nanovllm_ref/oracle/text_reference.py (vLLM's policy, the 
 * golden greedy trajectories of two prompts: plain, special tokens kept; a stop string spanning two tokens
   (listed after one that never occurs), with and without include_stop_str_in_output, completed by the last
   allowed token, completed inside min_tokens (no stop there), begun inside min_tokens and completed after it
-  (a stop); a stop token id (its text left out, or kept with include_stop_str_in_output); n=3;
+  (a stop); a stop token id (its text left out, or kept with include_stop_str_in_output); n=3 (top_k=1: vLLM
+  refuses n > 1 with greedy sampling);
 * forced trajectories, the same on any model (logit biases of 50 and 100 dwarf a tiny model's logits, and
   min_tokens masks the stop tokens at first): a token 3 times then EOS (skip_special_tokens on / off,
   include_stop_str_in_output, spaces_between_special_tokens off; a special token where the tokenizer has one
@@ -106,24 +107,28 @@ class TextRun:
             self._greedy_cases(self.ref.prompts[i], self.ref.outputs[i].token_ids)
         prompt = self.ref.prompts[self.ref.prompt_ids.index(chosen[0])]
         self._forced_cases(prompt)
+        self.missing = {case: why for case, why in self.missing.items() if case not in self.specs}
 
     def _greedy_cases(self, prompt: list[int], traj: list[int]) -> None:
         greedy = {"temperature": 0.0, "max_tokens": LEN, "ignore_eos": True}
         self._add("plain", prompt, traj, **greedy)
         self._add("plain-keep-special", prompt, traj, **greedy, skip_special_tokens=False)
         stop, j = spanning_stop(self.rt.pieces(prompt, traj[:LEN], TextRules()))
-        if stop is None:
-            self.missing.update(dict.fromkeys(CASES[2:8], "no two neighbouring tokens with text on both sides"))
-        else:
-            for case, extra in (("stop-spanning", {}), ("stop-spanning-include", {"include_stop_str_in_output": True}),
-                                ("stop-on-last-token", {"max_tokens": j + 1}),
-                                ("stop-inside-min-tokens", {"min_tokens": j + 1}),
-                                ("stop-across-min-tokens", {"min_tokens": j}),
-                                ("n3-stop", {"n": 3})):
+        stop_cases = (("stop-spanning", {}), ("stop-spanning-include", {"include_stop_str_in_output": True}),
+                      ("stop-on-last-token", {"max_tokens": j + 1}), ("stop-inside-min-tokens", {"min_tokens": j + 1}),
+                      ("stop-across-min-tokens", {"min_tokens": j}),
+                      ("n3-stop", {"n": 3, "temperature": 1.0, "top_k": 1, "seed": 7}))  # (vLLM: greedy means n=1)
+        for case, extra in stop_cases:
+            if stop is None:
+                self.missing[case] = "no two neighbouring tokens with text on both sides"
+            else:
                 self._add(case, prompt, traj, **{**greedy, "stop": ["\x00never", stop], **extra})
-        k = next(i for i in range(3, len(traj)) if traj[i] not in traj[:i])
+        k = next((i for i in range(3, len(traj)) if traj[i] not in traj[:i]), None)
         for case, extra in (("stop-token-id", {}), ("stop-token-id-include", {"include_stop_str_in_output": True})):
-            self._add(case, prompt, traj, **greedy, stop_token_ids=[traj[k]], **extra)
+            if k is None:
+                self.missing[case] = "no token from the fourth on that is new"
+            else:
+                self._add(case, prompt, traj, **greedy, stop_token_ids=[traj[k]], **extra)
 
     def _forced_cases(self, prompt: list[int]) -> None:
         eos, tok = self.rt.primary_eos, self.rt.tok

@@ -424,7 +424,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)",
       "seq.detokenizer = seqs[0].detokenizer if seqs else IncrementalDetokenizer(self.tokenizer, token_ids, params)",
       "the n samples of a request share one detokenizer (one text state)", (DETOK_TESTS,), (TEXT_CONF,)),
-    M("text-stop-token-text-kept", ENGINE_PY,
+    M("text-stop-token-text-kept", DETOK,
       'on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None',
       "on_stop_token = False", "the text of the stop token (EOS, stop_token_ids) is kept without "
       "include_stop_str_in_output", (DETOK_TESTS,), (TEXT_CONF,)),

@@ -28,8 +28,8 @@ The text policy (vLLM v1: vllm/v1/engine/detokenizer.py, vllm/transformers_utils
   the text, all but the last len(longest stop) - 1 characters; everything once it ended. The pieces concatenate
   to the final text and never end inside a character.
 
-The engine feeds a sequence with stop strings every step (its stop check ends it); others when their text is read
-(streamed: each step; otherwise once, when the request ends): the same incremental function of the tokens.
+The engine feeds a sequence (`feed`) with stop strings every step (its stop check ends it), others when their text
+is read (streamed: each step; otherwise once, when the request ends): the same incremental function of the tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..sampling_params import SamplingParams
+from .sequence import Sequence
 
 _MIN_CONTEXT, _MAX_CONTEXT = 4, 23  # prompt tokens decoded before the output (vLLM's DecodeStream priming)
 _INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, when decoding is not monotonic
@@ -166,3 +167,14 @@ class IncrementalDetokenizer:
         end = len(self.text) if self.stopped or self.finished else max(self.streamed, len(self.text) - self.hold)
         piece, self.streamed = self.text[self.streamed : end], end
         return piece
+
+
+def feed(seq: Sequence) -> str | None:
+    """Feed a sequence's detokenizer the output tokens it has not seen (known ones only: a token of a step in flight
+    is counted in `num_pending`, not held in `token_ids`); returns the stop string that ended its text, if one did."""
+    detok = seq.detokenizer
+    if detok is None or detok.num_fed == seq.num_output_tokens:
+        return None
+    tokens = seq.output_token_ids[detok.num_fed :]
+    on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None
+    return detok.add(tokens, stop_terminated=on_stop_token)

@@ -24,7 +24,7 @@ from ..loader import load_hf_config, load_tokenizer
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, feed
 from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
@@ -280,7 +280,7 @@ class LLMEngine:
         """Feed the new tokens of requests with stop strings to their detokenizers; finish those that stopped."""
         stopped = []
         for seq in list(self._with_stop_strings.values()):
-            found = self._feed(seq)
+            found = feed(seq)
             if found is None:
                 continue
             if not seq.is_finished:
@@ -323,24 +323,13 @@ class LLMEngine:
             outputs=samples,
         )
 
-    @staticmethod
-    def _feed(seq: Sequence) -> str | None:
-        """Feed the sequence's detokenizer the tokens it has not seen (known ones only); returns the stop string
-        that ended its text, if one did."""
-        detok = seq.detokenizer
-        if detok is None or detok.num_fed == seq.num_output_tokens:
-            return None
-        tokens = seq.output_token_ids[detok.num_fed :]  # known tokens only: one in flight is counted apart
-        on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None
-        return detok.add(tokens, stop_terminated=on_stop_token)
-
     def new_text(self, seq: Sequence) -> str:
         """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
         the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
         one `step` just returned."""
         if seq.detokenizer is None:
             return ""
-        self._feed(seq)
+        feed(seq)
         if seq.is_finished:
             seq.detokenizer.finish()
         return seq.detokenizer.stream()
@@ -348,7 +337,7 @@ class LLMEngine:
     def _text(self, seq: Sequence) -> str:
         if seq.detokenizer is None:  # no tokenizer: no text (token ids only), as vLLM
             return ""
-        self._feed(seq)
+        feed(seq)
         return seq.detokenizer.finish()
 
     def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:

@@ -146,7 +146,7 @@ class VLLMAdapter:
                 raise UnsupportedSetting(f"vLLM's logprobs_mode is the engine's ({mode}), not per request")
             try:
                 params.append(SamplingParams(**kwargs))
-            except TypeError as e:
+            except (TypeError, ValueError) as e:  # an unknown name, or a combination vLLM refuses (greedy n > 1)
                 raise UnsupportedSetting(f"vLLM's SamplingParams: {e}") from None
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
                                  use_tqdm=False)

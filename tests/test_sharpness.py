@@ -124,7 +124,8 @@ def prompt_logprobs_shifted(mp):
 def _reference_attention(expand: str = "repeat_interleave", scale_factor: float = 1.0, lookahead: int = 0):
     from nanovllm_ref.kernels.prefill_attention import gather_kv
 
-    def attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale):
+    def attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, kv_scales=None):
+        assert kv_scales is None, "the injected bugs run on a model-dtype KV cache"
         out = torch.empty_like(q)
         group = q.shape[1] // k_cache.shape[2]
 

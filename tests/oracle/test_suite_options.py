@@ -15,7 +15,7 @@ from nanovllm_ref.oracle.suite_options import check_versions, validate_options
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"--engine": "nanovllm_ref", "--engine-arg": [], "--model": [], "--dtype": "float32,bfloat16",
-            "--reference": "golden", "--tp": 1, "--kernels": None}
+            "--reference": "golden", "--tp": 1, "--kernels": None, "--invariance-trials": 3}
 
 
 class FakeConfig:
@@ -50,6 +50,7 @@ def test_defaults_and_good_values_pass() -> None:
     (dict(engine="tests.perturbing_adapter:no_such_factory"), "has no 'no_such_factory'"),
     (dict(model=["qwen3-tiny,qwen3-tinny"]), "--model 'qwen3-tinny': neither a golden checkpoint (llama3-bias-hd32"),
     (dict(tp=0), "--tp 0: must be an integer >= 1"),
+    (dict(invariance_trials=0), "--invariance-trials 0: must be an integer >= 1"),
     (dict(engine="sglang"), "--engine sglang: the sglang package is not installed here (pip install sglang)"),
     (dict(kernels="mykernels"), "--kernels 'mykernels': expected pkg.module:function"),
     (dict(engine_arg=["max_model_len"]), "--engine-arg 'max_model_len': expected KEY=VALUE"),

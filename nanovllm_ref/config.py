@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .sampling_params import check_bools, check_int
+
+if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument checks
+    import torch
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -144,7 +145,9 @@ class ModelConfig:
             attention_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)),
             tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             sliding_window=get("sliding_window") if get("use_sliding_window", True) else None,
-            dtype=get("torch_dtype") or get("dtype"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            # `dtype` (transformers 5) or `torch_dtype` as stored: its property warns that it is deprecated
+            dtype=get("dtype") or vars(hf).get("torch_dtype"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             num_experts=get("num_experts", 0), num_experts_per_tok=get("num_experts_per_tok", 0),
             moe_intermediate_size=get("moe_intermediate_size", 0), norm_topk_prob=bool(get("norm_topk_prob", False)),
             decoder_sparse_step=get("decoder_sparse_step", 1), mlp_only_layers=tuple(get("mlp_only_layers", ())),
@@ -174,6 +177,8 @@ class RunnerSpec:
 
 
 def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
+    import torch
+
     from .attention import resolve_backend_name
 
     device = config.device

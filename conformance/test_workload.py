@@ -32,6 +32,7 @@ from nanovllm_ref.oracle.compare import DIVERGED_OK, EngineOutput, compare_outpu
 from nanovllm_ref.oracle.references import Reference
 from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, supports_requests
 from nanovllm_ref.oracle.schedule_check import check_decision
+from nanovllm_ref.oracle.text_reference import checkpoint_eos
 
 from .harness import ModelSpec, tolerance_for
 
@@ -45,16 +46,6 @@ SHARED = ("shared48_prefix", "shared48_a", "shared48_b", "shared48_c", "prefix_o
 def first_new(tokens: list[int], k: int) -> int:
     """The first step >= k whose token has not occurred before it (so a stop on it ends exactly there)."""
     return next(i for i in range(k, len(tokens)) if tokens[i] not in tokens[:i])
-
-
-def checkpoint_eos(path: str) -> set[int]:
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        f = Path(path) / name
-        if f.is_file():
-            e = json.loads(f.read_text()).get("eos_token_id")
-            ids.update([e] if isinstance(e, int) else (e or []))
-    return ids
 
 
 def with_extra_eos(src: str, dst: Path, eos: int) -> str:

@@ -175,3 +175,48 @@ def invariance_tolerance() -> Tolerance:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
+
+
+@dataclass(frozen=True)
+class QuantTier:
+    """The bounds for an engine that runs quantized weights, compared with the goldens of ``reference_dtype``
+    (transformers in float32): ``tol`` / ``prompt_tol`` per position, ``mean_tol`` on a golden set's mean. The
+    numbers come from the measurements in ``measured`` (conformance/README.md, "Tolerance tiers")."""
+
+    name: str
+    what: str
+    tol: float
+    prompt_tol: float
+    mean_tol: float
+    measured: str
+    reference_dtype: str = "float32"
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(self.reference_dtype, self.tol, self.prompt_tol, derivation=f"quantization tier "
+                         f"{self.name} ({self.what}): {self.measured}", mean_tol=self.mean_tol)
+
+
+# Policy: bounded logprob deltas. Each bound is QUANT_FACTOR x the largest value a correct conversion reached over
+# the goldens the engine runs (per-position max over generated steps, over prompt positions, and the largest
+# set mean), measured by `python -m tools.peer_tiers`; the planted conversion bugs (a dropped bias, a wrong
+# rope_theta, an untied embedding) must then exceed the mean bound, which is where they show.
+QUANT_FACTOR = 2.0
+QUANT_TIERS: dict[str, QuantTier] = {}
+
+
+def _tier(name: str, what: str, gen: float, prompt: float, mean: float, measured: str) -> None:
+    QUANT_TIERS[name] = QuantTier(name, what, QUANT_FACTOR * gen, QUANT_FACTOR * prompt, QUANT_FACTOR * mean,
+                                  f"{QUANT_FACTOR:g} x (gen {gen:.3g}, prompt {prompt:.3g}, mean {mean:.3g}); "
+                                  + measured)
+
+
+def quantized_tolerance(quantization: str, dtype: str = "float32") -> Tolerance:
+    """The tier of ``quantization`` (a key of :data:`QUANT_TIERS`: an adapter's ``quantization``); the goldens
+    compared must be that tier's reference dtype."""
+    if quantization not in QUANT_TIERS:
+        raise ValueError(f"no tolerance tier for quantization {quantization!r}; have {sorted(QUANT_TIERS)}")
+    tier = QUANT_TIERS[quantization]
+    if dtype != tier.reference_dtype:
+        raise ValueError(f"quantization tier {quantization!r} is measured against the {tier.reference_dtype} "
+                         f"goldens; --dtype is {dtype!r}")
+    return tier.tolerance()

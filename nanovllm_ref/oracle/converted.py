@@ -68,14 +68,15 @@ def convert_once(engine: str, fmt: str, checkpoint: str | os.PathLike, build: Ca
     return dst
 
 
-def run_converter(cmd: Sequence[str], out_dir: Path, env: dict[str, str] | None = None, timeout_s: float = 1800) -> None:
+def run_converter(cmd: Sequence[str], out_dir: Path, env: dict[str, str] | None = None,
+                  timeout_s: float = 1800) -> None:
     """Run a converter command; its output goes to ``out_dir/convert.log``; a failure raises with the log's tail."""
     log = out_dir / "convert.log"
     with log.open("w") as f:
         f.write("$ " + " ".join(map(str, cmd)) + "\n")
         f.flush()
-        proc = subprocess.run(list(map(str, cmd)), stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                              timeout=timeout_s)
+        proc = subprocess.run(list(map(str, cmd)), stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, **(env or {})}, timeout=timeout_s)
     if proc.returncode != 0:
         tail = log.read_text()[-2000:]
         raise RuntimeError(f"converter exited with {proc.returncode}: {' '.join(map(str, cmd[:4]))} ...\n{tail}")

@@ -220,3 +220,9 @@ def quantized_tolerance(quantization: str, dtype: str = "float32") -> Tolerance:
         raise ValueError(f"quantization tier {quantization!r} is measured against the {tier.reference_dtype} "
                          f"goldens; --dtype is {dtype!r}")
     return tier.tolerance()
+
+
+_tier("gguf-q8_0", "llama.cpp GGUF q8_0 weights", 1.0, 1.0, 0.1, "provisional")
+_tier("gguf-bf16", "llama.cpp GGUF bf16 weights", 1.0, 1.0, 0.1, "provisional")
+_tier("ct2-int8", "CTranslate2 int8 weights and GEMMs", 1.0, 1.0, 0.1, "provisional")
+_tier("ort-int4", "ONNX Runtime GenAI int4 MatMulNBits weights", 2.0, 2.0, 0.3, "provisional")

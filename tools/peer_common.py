@@ -88,7 +88,7 @@ def rows_of(report: Path, engine: str, route: str, models: list[str], dtypes: li
             row = {"engine": engine, "checkpoint": model, "dtype": label or dtype, "route": route}
             base = model.partition("@")[0]
             if not mine:
-                why = last_error(log)
+                why = last_error(log, model)
                 verdict = f"ERROR before comparing: {why} (see {log.name})"
                 if known and base in known:
                     verdict = f"FAIL, known bug: {known[base]}; {why}"
@@ -109,11 +109,14 @@ def rows_of(report: Path, engine: str, route: str, models: list[str], dtypes: li
     return rows
 
 
-def last_error(log: Path) -> str:
-    """The last ``E   ...Error: ...`` line of a pytest log (shortened), or ``-``."""
+def last_error(log: Path, model: str = "") -> str:
+    """The last ``E   ...Error: ...`` line of a pytest log (of ``model``'s test_golden section when it has one),
+    shortened, or ``-``."""
     if not log.is_file():
         return "-"
-    lines = [ln[1:].strip() for ln in log.read_text(errors="replace").splitlines()
+    text = log.read_text(errors="replace")
+    sections = [s for s in text.split("_ test_golden[")[1:] if s.startswith(f"{model}-")] if model else []
+    lines = [ln[1:].strip() for ln in (sections[-1] if sections else text).splitlines()
              if ln.startswith("E ") and ("Error" in ln or "Exception" in ln)]
     return lines[-1][:160] if lines else "-"
 

@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="", help="comma-separated golden checkpoints (default: all it converts)")
     p.add_argument("--quantizations", default="", help="comma-separated, 'none' = float32 (default: all it ships)")
     p.add_argument("--no-planted", action="store_true", help="skip the planted conversion bugs")
+    p.add_argument("--no-suite", action="store_true", help="only the planted conversion bugs (and the server)")
     p.add_argument("--no-server", action="store_true", help="skip the server route (llama.cpp)")
     p.add_argument("--out", default="")
     p.add_argument("--run-s", type=float, default=600.0, help="time limit per checkpoint of a pytest run")
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"peer-{eng.name}-results").resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    for precision in precisions:
+    for precision in () if args.no_suite else precisions:
         rows += suite_rows(eng, label, models, precision, out, args.run_s)
         (out / "results.md").write_text(markdown(rows))
     if eng.server and not args.no_server:

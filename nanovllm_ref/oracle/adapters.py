@@ -44,6 +44,7 @@ SERVER_ADAPTERS: dict[str, str] = {
     "tgi": "nanovllm_ref.oracle.server_adapters:TGIAdapter",  # Hugging Face text-generation-inference
     "sglang": "nanovllm_ref.oracle.server_adapters:SGLangHTTPAdapter",  # SGLang's native /generate
     "ollama": "nanovllm_ref.oracle.server_adapters:OllamaAdapter",
+    "llamacpp": "nanovllm_ref.oracle.llamacpp_server_adapter:LlamaCppServerAdapter",  # python -m llama_cpp.server
 }
 
 

@@ -67,7 +67,7 @@ def tolerance_for(dtype: str, options: Options, ref: Reference | None = None,
     quantization's tier (tolerances.QUANT_TIERS); --tol / --prompt-tol override any."""
     noise = ref.meta.get("noise") if ref is not None else None
     if quantization is not None:
-        tol = quantized_tolerance(quantization, dtype)
+        tol = quantized_tolerance(quantization, dtype, split_dialect(ref.model)[0] if ref is not None else None)
     elif noise:
         tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}")
     else:

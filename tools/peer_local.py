@@ -83,7 +83,7 @@ def planted_rows(eng: PeerEngine, label: str, precision: str | None, out: Path) 
     rows = []
     for bug, checkpoint in PLANTED_IN.items():
         kwargs = {"quantization": precision} if precision else {}
-        tol = quantized_tolerance(f"{eng.tier_prefix}-{precision}") if precision else \
+        tol = quantized_tolerance(f"{eng.tier_prefix}-{precision}", "float32", checkpoint) if precision else \
             golden_tolerance("float32", checkpoint=checkpoint)
         row = {"engine": label, "checkpoint": f"{checkpoint} + planted {bug}",
                "dtype": precision or "float32", "route": "in-process, planted conversion bug"}
@@ -109,24 +109,22 @@ def planted_rows(eng: PeerEngine, label: str, precision: str | None, out: Path) 
 
 
 def measured(out: Path, precisions: tuple[str | None, ...], known: dict[str, str]) -> dict:
-    """Per precision, over the passing-or-not correct conversions (known-bug checkpoints left out): the largest
-    generated-step and prompt |dlogprob| of any prompt and the largest set mean, from the JSON reports."""
-    tiers = {}
+    """Per precision and golden checkpoint (known-bug checkpoints left out), from the JSON reports: the largest
+    generated-step and prompt |dlogprob| of any prompt and the set's mean, as nanovllm_ref/oracle/quant_tiers.py
+    records them: ``{precision: {checkpoint: [gen max, prompt max, set mean]}}``."""
+    tiers: dict[str, dict] = {}
     for precision in precisions:
         report = out / f"in-process-{precision or 'float32'}.json"
         if not report.is_file():
             continue
-        prompts = [p for p in json.loads(report.read_text()).get("prompts", [])
-                   if p["model"].partition("@")[0] not in known]
         by_model: dict[str, list] = {}
-        for p in prompts:
-            by_model.setdefault(p["model"], []).append(p)
-        means = [sum(p["gen_diff_sum"] for p in ps) / max(1, sum(p["gen_diff_count"] for p in ps))
-                 for ps in by_model.values()]
+        for p in json.loads(report.read_text()).get("prompts", []):
+            if p["model"].partition("@")[0] not in known:
+                by_model.setdefault(p["model"], []).append(p)
         tiers[precision or "float32"] = {
-            "checkpoints": sorted(by_model), "gen_max": max((p["max_gen_diff"] for p in prompts), default=None),
-            "prompt_max": max((p["max_prompt_diff"] for p in prompts), default=None),
-            "set_mean_max": max(means, default=None)}
+            m: [round(max(p["max_gen_diff"] for p in ps), 4), round(max(p["max_prompt_diff"] for p in ps), 4),
+                round(sum(p["gen_diff_sum"] for p in ps) / max(1, sum(p["gen_diff_count"] for p in ps)), 4)]
+            for m, ps in sorted(by_model.items())}
     return tiers
 
 

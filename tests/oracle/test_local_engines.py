@@ -16,6 +16,7 @@ from nanovllm_ref.oracle.adapters import load_adapter
 from nanovllm_ref.oracle.converted import prompt_logprob_dicts, topk_dict
 from nanovllm_ref.oracle.ctranslate2_adapter import length_groups, null_unk_token, token_strings
 from nanovllm_ref.oracle.llamacpp_adapter import pre_tokenizer_name
+from nanovllm_ref.oracle.quant_tiers import MEASURED
 from nanovllm_ref.oracle.references import golden_reference, run_check
 from nanovllm_ref.oracle.tolerances import golden_tolerance, quantized_tolerance
 
@@ -65,7 +66,14 @@ def test_adapter_fails_a_shifted_logit(standins, engine, monkeypatch) -> None:
 def test_quantized_adapter_names_its_tier(standins, engine, quantization, tier) -> None:
     adapter = load_adapter(engine, checkpoint_path("qwen3-tiny"), "float32", quantization=quantization)
     assert adapter.quantization == tier
-    assert quantized_tolerance(tier).mean_tol is not None
+
+
+def test_tiers_are_per_checkpoint() -> None:
+    own = quantized_tolerance("ort-int4", "float32", "qwen2-tiny")
+    worst = quantized_tolerance("ort-int4", "float32", "some-other-model")
+    assert own.mean_tol == pytest.approx(2 * MEASURED["ort-int4"].checkpoints["qwen2-tiny"][2])
+    assert worst.mean_tol == pytest.approx(2 * max(v[2] for v in MEASURED["ort-int4"].checkpoints.values()))
+    assert own.mean_tol < worst.mean_tol and "qwen2-tiny's measured" in own.derivation
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -84,7 +92,7 @@ def test_architectures_without_a_converter_are_refused(standins) -> None:
 
 def test_tier_needs_float32_goldens() -> None:
     with pytest.raises(ValueError, match="float32"):
-        quantized_tolerance("gguf-q8_0", "bfloat16")
+        quantized_tolerance("ct2-int8", "bfloat16")
     with pytest.raises(ValueError, match="no tolerance tier"):
         quantized_tolerance("gguf-q4_k")
 

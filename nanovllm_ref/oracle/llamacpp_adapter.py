@@ -11,7 +11,10 @@ hash; the goldens' 1,536-token tokenizers are unknown to it, so for those (and o
 the name is taken from the tokenizer's split regex (:data:`PRE_TOKENIZERS`; Qwen2's regex -> ``qwen2``), else
 ``default``. The engine is given token ids, so the name only matters to text prompts.
 
-Generation: ``Llama(model_path, logits_all=True, n_ctx=..., n_threads=1)``; per prompt ``Llama.generate(prompt,
+Generation: ``Llama(model_path, logits_all=True, n_ctx=..., n_threads=1, type_k=F32, type_v=F32)``: llama.cpp's KV
+cache is f16 by default, which alone moves float32 logprobs by ~1e-3 (10x the float32 tolerance; qwen3-tiny: 23/23
+prompts over it, every token still equal), so the adapter asks for an f32 cache (``--engine-arg kv_cache_type=f16``:
+llama.cpp's default); per prompt ``Llama.generate(prompt,
 temp=0, top_k=1, top_p=1, min_p=0, repeat_penalty=1)`` (llama.cpp's greedy sampler; the generator never stops at
 EOS, ``create_completion`` is what stops) while ``Llama.scores[i]`` holds the raw logits after token ``i`` (every
 prompt position too, with ``logits_all``). ``generate`` keeps the KV cache of the longest prefix shared with the
@@ -102,7 +105,8 @@ class LlamaCppAdapter:
     name = "llamacpp"
 
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None,
-                 llama_cpp_dir: str | None = None, n_ctx: int = 512, n_threads: int = 1) -> None:
+                 llama_cpp_dir: str | None = None, n_ctx: int = 512, n_threads: int = 1,
+                 kv_cache_type: str = "f32") -> None:
         try:
             import llama_cpp
         except ImportError as e:
@@ -111,6 +115,8 @@ class LlamaCppAdapter:
         if dtype != "float32":
             raise ValueError(f"dtype {dtype!r}: GGUF types are chosen with --engine-arg quantization=bf16|q8_0 and "
                              "compared with the float32 goldens under their tier")
+        if kv_cache_type not in ("f32", "f16"):
+            raise ValueError(f"kv_cache_type {kv_cache_type!r}: use f32 or f16 (llama.cpp's default)")
         if quantization not in OUTTYPES:
             raise ValueError(f"quantization {quantization!r}: use one of {[q for q in OUTTYPES if q]} or none")
         arch = json.loads((Path(model_path) / "config.json").read_text())["architectures"][0]
@@ -118,8 +124,9 @@ class LlamaCppAdapter:
             raise ValueError(f"the adapter converts {ARCHITECTURES} to GGUF, not {arch}")
         self.quantization = None if quantization is None else f"gguf-{quantization}"
         self.gguf = convert(model_path, quantization, llama_cpp_dir)
+        kv = llama_cpp.GGML_TYPE_F32 if kv_cache_type == "f32" else llama_cpp.GGML_TYPE_F16
         self.llm = llama_cpp.Llama(str(self.gguf), n_ctx=n_ctx, logits_all=True, n_threads=n_threads,
-                                   n_threads_batch=n_threads, verbose=False)
+                                   n_threads_batch=n_threads, type_k=kv, type_v=kv, verbose=False)
         self.version = llama_cpp.__version__
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_k: int,

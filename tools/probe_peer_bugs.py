@@ -6,6 +6,8 @@ each on a golden checkpoint or a one-field copy of one, with transformers float3
 - ``ct2-llama-head-dim``: CTranslate2's LlamaLoader ignores ``head_dim`` (the first generate fails on the shapes).
 - ``ct2-mistral-unk``: CTranslate2's MistralLoader writes ``unk_token: null``, which its runtime refuses.
 - ``ort-head-size``: ONNX Runtime GenAI's builder exports head_dim 24, which its CPU attention refuses.
+- ``llamacpp-echo``: llama-cpp-python's ``create_completion(echo=True, logprobs=k)`` (and so its server) gives each
+  token the logprob of its own position's row, the next token's distribution, and drops the last token.
 
     python -m tools.probe_peer_bugs ct2-llama3-rope    (in a venv with the engine; NANOVLLM_REF_CACHE for conversions)
 """
@@ -93,8 +95,24 @@ def ort_head_size() -> None:
         print("ONNX Runtime GenAI ran head_dim 24: fixed")
 
 
+def llamacpp_echo() -> None:
+    import llama_cpp
+
+    from golden.load import checkpoint_path
+    from nanovllm_ref.oracle.llamacpp_adapter import convert
+
+    llm = llama_cpp.Llama(str(convert(checkpoint_path("qwen3-tiny"))), n_ctx=256, logits_all=True, n_threads=1,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+    prompt = "The quick brown fox"
+    n = len(llm.tokenize(prompt.encode(), add_bos=False))
+    for echo in (False, True):
+        lp = llm.create_completion(prompt, max_tokens=4, temperature=0, logprobs=1, echo=echo)["choices"][0]["logprobs"]
+        tokens, values = lp["tokens"][n if echo else 0:], lp["token_logprobs"][n if echo else 0:]
+        print(f"echo={echo}: generated {tokens}, logprobs {[round(float(v), 4) for v in values]}")
+
+
 PROBES = {"ct2-llama3-rope": ct2_llama3_rope, "ct2-llama-head-dim": ct2_llama_head_dim,
-          "ct2-mistral-unk": ct2_mistral_unk, "ort-head-size": ort_head_size}
+          "ct2-mistral-unk": ct2_mistral_unk, "ort-head-size": ort_head_size, "llamacpp-echo": llamacpp_echo}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROBES:

@@ -71,6 +71,7 @@ class Tolerance:
     noise_prompt: float | None = None
     derivation: str = ""
     mean_tol: float | None = None  # bound on the mean |dlogprob| of a whole golden set; None: not checked
+    divergence_by_value: bool = False  # quantization tiers: a divergence may leave the top-k within tol (compare.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +83,7 @@ class Tolerance:
         how = f"overridden (derived: tol={self.tol:.3g}, prompt_tol={self.prompt_tol:.3g})"
         return Tolerance(self.dtype, tol if tol is not None else self.tol,
                          prompt_tol if prompt_tol is not None else self.prompt_tol, self.noise_generated,
-                         self.noise_prompt, how, self.mean_tol)
+                         self.noise_prompt, how, self.mean_tol, self.divergence_by_value)
 
 
 def load_manifest(path: str | Path | None = None) -> dict[str, Any]:
@@ -203,4 +204,4 @@ def quantized_tolerance(quantization: str, dtype: str = "float32", checkpoint: s
     gen, prompt, mean = (QUANT_FACTOR * v for v in values)
     how = (f"quantization tier {quantization} ({tier.what}): {QUANT_FACTOR:g} x {where} measured (gen {values[0]:.3g}, "
            f"prompt {values[1]:.3g}, set mean {values[2]:.3g}; {tier.source})")
-    return Tolerance("float32", gen, prompt, derivation=how, mean_tol=mean)
+    return Tolerance("float32", gen, prompt, derivation=how, mean_tol=mean, divergence_by_value=True)

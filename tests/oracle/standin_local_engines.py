@@ -91,7 +91,7 @@ class OGGenerator:
 
 class Llama:
     def __init__(self, model_path: str, n_ctx: int, logits_all: bool, **kwargs: object) -> None:
-        assert logits_all
+        assert logits_all and kwargs["type_k"] == kwargs["type_v"] == 0  # an f32 KV cache (GGML_TYPE_F32)
         self.ckpt, self._n_ctx, self.scores = _source(model_path), n_ctx, None
 
     def n_ctx(self) -> int:
@@ -116,7 +116,8 @@ def install(monkeypatch, tmp_path: Path) -> None:
     """The three stand-in packages in sys.modules and the adapters' ``convert`` writing pointers under tmp_path."""
     from nanovllm_ref.oracle import ctranslate2_adapter, llamacpp_adapter, ortgenai_adapter
 
-    mods = {"ctranslate2": {"Generator": CT2Generator}, "llama_cpp": {"Llama": Llama},
+    mods = {"ctranslate2": {"Generator": CT2Generator},
+            "llama_cpp": {"Llama": Llama, "GGML_TYPE_F32": 0, "GGML_TYPE_F16": 1},
             "onnxruntime_genai": {"Model": OGModel, "GeneratorParams": OGParams, "Generator": OGGenerator}}
     for name, attrs in mods.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(__version__="stand-in", **attrs))

@@ -35,8 +35,14 @@ class PeerEngine:
 
 
 ENGINES = {
-    "llamacpp": PeerEngine("llamacpp", "llama_cpp", "nanovllm_ref.oracle.llamacpp_adapter", (None, "bf16", "q8_0"),
-                           "gguf", server=True),
+    "llamacpp": PeerEngine(
+        "llamacpp", "llama_cpp", "nanovllm_ref.oracle.llamacpp_adapter", (None, "bf16", "q8_0"), "gguf", known={
+            "qwen3-bias-hd32": "llama.cpp's Qwen3 has no o_proj bias: the converter writes blk.N.attn_output.bias and "
+                               "the loader refuses the file (wrong number of tensors; expected 33, got 31)",
+            "qwen3-moe-unnorm-hd32": "llama.cpp's Qwen3-MoE has no o_proj bias: the loader refuses the converted file",
+            "qwen3-moe-tiny": "llama.cpp's converter cannot map a Qwen3-MoE dense layer (mlp_only_layers [1]): "
+                              "'Can not map tensor model.layers.1.mlp.down_proj.weight'",
+        }, server=True),
     "ctranslate2": PeerEngine(
         "ctranslate2", "ctranslate2", "nanovllm_ref.oracle.ctranslate2_adapter", (None, "int8"), "ct2", known={
             "llama3-tiny": "CTranslate2 4.8.5's LlamaLoader never passes rope_scaling.original_max_position_embeddings,"

@@ -17,6 +17,32 @@ class MeasuredTier(NamedTuple):
 
 
 MEASURED: dict[str, MeasuredTier] = {
+    "gguf-q8_0": MeasuredTier(
+        "llama.cpp GGUF q8_0 weights (convert_hf_to_gguf --outtype q8_0), f32 KV cache",
+        "llama-cpp-python 0.3.36, 2026-12-01", {
+            "llama3-bias-hd32": (0.3066, 0.2674, 0.0385),
+            "llama3-tiny": (0.2686, 0.2823, 0.0414),
+            "mistral-hd64": (0.2881, 0.3268, 0.0427),
+            "mistral-tiny": (0.2741, 0.3468, 0.0423),
+            "qwen2-hd64": (0.4139, 0.5081, 0.0521),
+            "qwen2-tiny": (0.2788, 0.3629, 0.046),
+            "qwen3-gqa4": (0.2727, 0.2747, 0.0392),
+            "qwen3-tied-hd64": (0.2615, 0.3256, 0.0385),
+            "qwen3-tiny": (0.5189, 0.5092, 0.0571),
+        }),
+    "gguf-bf16": MeasuredTier(
+        "llama.cpp GGUF bf16 weights (convert_hf_to_gguf --outtype bf16), f32 KV cache",
+        "llama-cpp-python 0.3.36, 2026-12-01", {
+            "llama3-bias-hd32": (0.0951, 0.0722, 0.0103),
+            "llama3-tiny": (0.0808, 0.0807, 0.0114),
+            "mistral-hd64": (0.1109, 0.0819, 0.0116),
+            "mistral-tiny": (0.0724, 0.109, 0.0117),
+            "qwen2-hd64": (0.1384, 0.1239, 0.0143),
+            "qwen2-tiny": (0.1015, 0.1, 0.0121),
+            "qwen3-gqa4": (0.0873, 0.0908, 0.0116),
+            "qwen3-tied-hd64": (0.0763, 0.1023, 0.011),
+            "qwen3-tiny": (0.1483, 0.1589, 0.0168),
+        }),
     "ct2-int8": MeasuredTier(
         "CTranslate2 int8 weights and GEMMs (compute_type int8)", "CTranslate2 4.8.5, 2026-12-01", {
             "mistral-hd64": (0.4816, 0.8041, 0.0696),

@@ -45,6 +45,10 @@ on that model (eager vs sdpa): see :func:`noise_tolerance` and ``references.live
 
 Invariance checks (engine vs itself under another batch / cache / chunking / block size / TP layout) use
 :func:`invariance_tolerance`: float32 only, tokens exact, and a fixed tight bound.
+
+Engines running quantized weights (GGUF q8_0 / bf16, CTranslate2 int8, ONNX Runtime GenAI int4) are compared with
+the float32 goldens under :func:`quantized_tolerance`: QUANT_FACTOR x what a correct conversion measured on that
+checkpoint (quant_tiers.py), with ``divergence_by_value`` (compare.py); conformance/README.md, "Tolerance tiers".
 """
 
 from __future__ import annotations

@@ -51,8 +51,11 @@ ENGINES = {
             "llama3-bias-hd32": "CTranslate2 4.8.5's LlamaLoader ignores config.head_dim (32) and builds "
                                 "hidden_size / num_heads (16): 'axis 2 has dimension 384 but expected 192'",
         }),
-    "ortgenai": PeerEngine("ortgenai", "onnxruntime_genai", "nanovllm_ref.oracle.ortgenai_adapter", (None, "int4"),
-                           "ort"),
+    "ortgenai": PeerEngine(
+        "ortgenai", "onnxruntime_genai", "nanovllm_ref.oracle.ortgenai_adapter", (None, "int4"), "ort", known={
+            "mistral-tiny": "ONNX Runtime GenAI 0.18.0's builder exports head_dim 24, which its CPU "
+                            "GroupQueryAttention refuses ('head_size shall be a multiple of 16')",
+        }),
 }
 
 

@@ -114,7 +114,7 @@ def _llama_cpp_converter(session: nox.Session) -> str:
     return f"{tmp}/{top}/vendor/llama.cpp"
 
 
-@nox.session(name="peer-llamacpp", default=False)  # explicit only: builds llama.cpp, runs ~40 min on 2 cores
+@nox.session(name="peer-llamacpp", default=False)  # explicit only: builds llama.cpp (~4-60 min on 2 cores)
 def peer_llamacpp(session: nox.Session) -> None:
     """llama.cpp (llama-cpp-python, built here) as a real peer: GGUF f32 (both config dialects), bf16 and q8_0 of
     every golden checkpoint, in-process and through `python -m llama_cpp.server`, the planted conversion bugs, the
@@ -125,7 +125,7 @@ def peer_llamacpp(session: nox.Session) -> None:
     _peer_local(session, "llamacpp", {"LLAMA_CPP_DIR": _llama_cpp_converter(session)})
 
 
-@nox.session(name="peer-ctranslate2", default=False)  # explicit only: ~25 min on 2 cores
+@nox.session(name="peer-ctranslate2", default=False)  # explicit only: 3 min on 2 quiet cores
 def peer_ctranslate2(session: nox.Session) -> None:
     """CTranslate2 as a real peer: float32 (both config dialects) and int8 of every golden checkpoint its converter
     takes, the planted conversion bugs, the table (peer-ctranslate2-results/results.md)."""
@@ -134,7 +134,7 @@ def peer_ctranslate2(session: nox.Session) -> None:
     _peer_local(session, "ctranslate2", {})
 
 
-@nox.session(name="peer-ortgenai", default=False)  # explicit only: ~25 min on 2 cores
+@nox.session(name="peer-ortgenai", default=False)  # explicit only: 4.5 min on 2 quiet cores
 def peer_ortgenai(session: nox.Session) -> None:
     """ONNX Runtime GenAI as a real peer: fp32 (both config dialects) and int4 exports of every golden checkpoint
     its builder takes, the planted conversion bugs, the table (peer-ortgenai-results/results.md)."""

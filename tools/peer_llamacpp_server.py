@@ -16,8 +16,9 @@ ECHO_BUG = ("llama-cpp-python 0.3.36's echo=True logprobs read each token's logp
             "next token's distribution) and drop the last token (tools/probe_peer_bugs.py llamacpp-echo)")
 
 
-def server_rows(label: str, models: list[str], out: Path, run_s: float, port: int = 8771,
-                startup_s: float = 600.0) -> list[dict]:
+def server_rows(label: str, models: list[str], out: Path, run_s: float, known: dict[str, str] | None = None,
+                port: int = 8771, startup_s: float = 600.0) -> list[dict]:
+    """One row per checkpoint (no echo), plus the echo row of the first; ``known``: checkpoint -> engine bug."""
     from golden.load import checkpoint_path
     from nanovllm_ref.oracle.llamacpp_adapter import convert
 
@@ -45,7 +46,7 @@ def server_rows(label: str, models: list[str], out: Path, run_s: float, port: in
                                        ["server_dtype=float32"], tag="peer_llamacpp_server")
             finally:
                 server.stop()
-        rows += rows_of(report, label, ROUTE + ", no prompt logprobs", [model], ["float32"], log)
+        rows += rows_of(report, label, ROUTE + ", no prompt logprobs", [model], ["float32"], log, known)
         if model == models[0]:
             rows += rows_of(out / f"http-echo-{model}.json", label, ROUTE + ", `echo` (prompt logprobs)", [model],
                             ["float32"], out / f"http-echo-{model}.log", {model: ECHO_BUG})

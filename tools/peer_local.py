@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if eng.server and not args.no_server:
         from tools.peer_llamacpp_server import server_rows
 
-        rows += server_rows(label, models, out, args.run_s)
+        rows += server_rows(label, models, out, args.run_s, eng.known)
     if not args.no_planted:
         for precision in precisions:
             rows += planted_rows(eng, label, precision, out)

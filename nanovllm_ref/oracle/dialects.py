@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,5 +73,5 @@ def legacy_view(checkpoint_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     try:
         tmp.rename(dst)
     except OSError:  # another process made it first
-        pass
+        shutil.rmtree(tmp, ignore_errors=True)
     return str(dst)

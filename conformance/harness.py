@@ -12,8 +12,9 @@ import pytest
 
 from nanovllm_ref.oracle.adapters import EngineAdapter, load_adapter
 from nanovllm_ref.oracle.compare import EngineOutput
+from nanovllm_ref.oracle.dialects import DIALECTS, legacy_view, split_dialect
 from nanovllm_ref.oracle.references import Reference, golden_reference, live_reference
-from nanovllm_ref.oracle.tolerances import Tolerance, golden_tolerance, noise_tolerance
+from nanovllm_ref.oracle.tolerances import Tolerance, golden_tolerance, noise_tolerance, quantized_tolerance
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
         return [ModelSpec(n, checkpoint_path(n), True) for n in list_checkpoints()]
     specs = []
     for n in names:
+        base, dialect = split_dialect(n)
+        if base in list_checkpoints() and dialect != DIALECTS[0]:  # the same checkpoint in another config dialect
+            specs.append(ModelSpec(n, legacy_view(checkpoint_path(base)), True))
+            continue
         try:
             path = os.path.abspath(resolve_model(n))  # the resolver LLM() and the CLI use
         except ValueError as e:
@@ -52,14 +57,18 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
     return specs
 
 
-def tolerance_for(dtype: str, options: Options, ref: Reference | None = None) -> Tolerance:
+def tolerance_for(dtype: str, options: Options, ref: Reference | None = None,
+                  quantization: str | None = None) -> Tolerance:
     """The golden tolerance; for a live reference, the one derived from the noise measured on that model
-    (transformers eager vs sdpa); --tol / --prompt-tol override either."""
+    (transformers eager vs sdpa); for an engine running quantized weights (its adapter's ``quantization``), that
+    quantization's tier (tolerances.QUANT_TIERS); --tol / --prompt-tol override any."""
     noise = ref.meta.get("noise") if ref is not None else None
-    if noise:
+    if quantization is not None:
+        tol = quantized_tolerance(quantization, dtype, split_dialect(ref.model)[0] if ref is not None else None)
+    elif noise:
         tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}")
     else:
-        tol = golden_tolerance(dtype, checkpoint=ref.model if ref is not None else None)
+        tol = golden_tolerance(dtype, checkpoint=split_dialect(ref.model)[0] if ref is not None else None)
     return tol.override(options.tol, options.prompt_tol)
 
 
@@ -134,7 +143,9 @@ class ReferencePool:
         if self.options.reference == "golden":
             if not model.golden:
                 pytest.skip(f"{model.path} has no goldens: use --reference live")
-            return golden_reference(model.name, dtype)
+            ref = golden_reference(split_dialect(model.name)[0], dtype)  # a dialect view has its checkpoint's
+            ref.model, ref.model_path = model.name, model.path
+            return ref
         prompts, names = live_prompts(model.path)
         return live_reference(model.name, model.path, dtype, prompts, names)
 

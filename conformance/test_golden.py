@@ -15,8 +15,9 @@ from .harness import tolerance_for
 def test_golden(model_spec, dtype, options, engines, references, record) -> None:
     ref = references.get(model_spec, dtype)
     outputs = engines.generate(model_spec, dtype, ref)
-    report = run_check(engines.get(model_spec, dtype), ref, tolerance_for(dtype, options, ref), case=ref.source,
-                       outputs=outputs)
+    adapter = engines.get(model_spec, dtype)
+    tolerance = tolerance_for(dtype, options, ref, getattr(adapter, "quantization", None))  # quantized: its tier
+    report = run_check(adapter, ref, tolerance, case=ref.source, outputs=outputs)
     record(report)
     assert report.passed, "\n" + report.format_failures()
 

@@ -212,3 +212,15 @@ def test_mean_tolerance_derivation() -> None:
     assert golden_tolerance("float32", manifest).mean_tol is None  # no means recorded for float32 here
     real = golden_tolerance("bfloat16", checkpoint="qwen3-moe-unnorm-hd32")  # the shipped manifest records means
     assert real.mean_tol is not None and real.mean_tol < real.tol / 10
+
+
+def test_divergence_by_value_admits_a_token_just_outside_the_top_k_within_the_bound() -> None:
+    """Quantization tiers (divergence_by_value): the reference's token 1 (lp -0.5) is absent from the candidate's
+    top-3, whose 3rd value is -1.2 (and the candidate's token 9, lp -1.0, from the reference's, 3rd value -3.0);
+    within a bound of 2 both are admitted, within 0.3 not, and without the setting the top-k rule fails it whatever
+    the bound."""
+    ref = out([1], [STEP])
+    cand = out([9], [{9: -1.0, 2: -1.1, 3: -1.2}])
+    assert compare_outputs(ref, cand, top_k=3, tol=2.0, prompt_tol=None, divergence_by_value=True).status == DIVERGED_OK
+    assert compare_outputs(ref, cand, top_k=3, tol=0.3, prompt_tol=None, divergence_by_value=True).status == FAIL
+    assert compare_outputs(ref, cand, top_k=3, tol=2.0, prompt_tol=None).status == FAIL

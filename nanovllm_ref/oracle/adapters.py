@@ -34,6 +34,10 @@ ADAPTERS: dict[str, str] = {
     "hf": "nanovllm_ref.oracle.adapters:HFAdapter",
     "vllm": "nanovllm_ref.oracle.external_adapters:VLLMAdapter",  # needs `pip install vllm`
     "sglang": "nanovllm_ref.oracle.external_adapters:SGLangAdapter",  # needs `pip install sglang`
+    # engines with their own model format: the checkpoint is converted once (oracle/converted.py)
+    "llamacpp": "nanovllm_ref.oracle.llamacpp_adapter:LlamaCppAdapter",  # needs `pip install llama-cpp-python`
+    "ctranslate2": "nanovllm_ref.oracle.ctranslate2_adapter:CTranslate2Adapter",  # `pip install ctranslate2`
+    "ortgenai": "nanovllm_ref.oracle.ortgenai_adapter:OrtGenAIAdapter",  # `pip install onnxruntime-genai`
 }
 # "<prefix>:<server url>" -> "module:class", called with (url, model_path, dtype, **kwargs)
 SERVER_ADAPTERS: dict[str, str] = {
@@ -42,6 +46,7 @@ SERVER_ADAPTERS: dict[str, str] = {
     "tgi": "nanovllm_ref.oracle.server_adapters:TGIAdapter",  # Hugging Face text-generation-inference
     "sglang": "nanovllm_ref.oracle.server_adapters:SGLangHTTPAdapter",  # SGLang's native /generate
     "ollama": "nanovllm_ref.oracle.server_adapters:OllamaAdapter",
+    "llamacpp": "nanovllm_ref.oracle.llamacpp_server_adapter:LlamaCppServerAdapter",  # python -m llama_cpp.server
 }
 
 

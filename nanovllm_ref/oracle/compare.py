@@ -18,6 +18,10 @@ in the spirit of SGLang's ``check_close_model_outputs`` (``sglang/test/runners.p
   logprobs must stay within ``mean_tol``: a systematic error (a dropped bias) that the per-position bound, made
   wide for rare routing near-ties, lets through still moves the mean (tolerances.py). A set-level failure.
 * A candidate that stops early or lacks the (prompt) logprobs the reference has fails.
+* Divergence by value (``divergence_by_value=True``, the quantization tiers of tolerances.py): at the first
+  differing token, a token absent from the other side's top-k is admitted when its logprob exceeds that side's k-th
+  value by at most ``tol`` (the value bound could still hold); the rule above asks for top-k membership, which is
+  right for float noise but stricter than the bounds of a tier whose per-position bound spans several nats.
 * Tokens-only mode (``tokens_only=True``), for engines that return no logprobs (nano-vllm's API, servers
   without logprobs): tokens must be equal, and at the first divergence the candidate's token must be in the
   reference's top-k (the only side with a top-k); no values are compared. Reports say ``mode: tokens-only``.
@@ -157,6 +161,7 @@ def compare_outputs(
     allow_divergence: bool = True,
     prompt: Sequence[int] | None = None,
     tokens_only: bool = False,
+    divergence_by_value: bool = False,
 ) -> PromptReport:
     """Compare one prompt's candidate generation to the reference (see the module docstring for the policy).
 
@@ -186,7 +191,8 @@ def compare_outputs(
         rt, ct = ref.token_ids[i], cand.token_ids[i]
         if rt != ct:
             first_div = i
-            crossed = rt in _top(c_d, top_k) and ct in _top(r_d, top_k)
+            crossed = _admitted(rt, r_d, c_d, top_k, tol, divergence_by_value) and \
+                _admitted(ct, c_d, r_d, top_k, tol, divergence_by_value)
             what = (f"gen step {i}: tokens differ: reference {describe_token(rt, r_d, c_d)} vs "
                     f"candidate {describe_token(ct, r_d, c_d)}")
             if not allow_divergence:
@@ -205,6 +211,15 @@ def compare_outputs(
         report.mode = TOKENS_ONLY
         report.message += " (tokens-only: no logprobs compared)"
     return report
+
+
+def _admitted(tok: int, own: LogprobDict, other: LogprobDict, top_k: int, tol: float, by_value: bool) -> bool:
+    """At a divergence: ``tok`` (chosen by the side whose dict is ``own``) is in the other side's top-k, or, by value,
+    absent from it by at most ``tol`` (own logprob - the other's k-th)."""
+    if tok in _top(other, top_k):
+        return True
+    kth = _kth_value(other, top_k)
+    return by_value and kth is not None and tok in own and own[tok] - kth <= tol
 
 
 def ids_from_text(text: str, reference: Any, decode: Any, top_k: int) -> list[int]:
@@ -309,6 +324,7 @@ def compare_all(
     meta: dict[str, Any] | None = None,
     tokens_only: bool = False,
     mean_tol: float | None = None,
+    divergence_by_value: bool = False,
 ) -> ConformanceReport:
     """:func:`compare_outputs` for every prompt (``prompts``: their token ids, to check the actual prompt tokens
     in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows; ``tokens_only``: the
@@ -321,7 +337,7 @@ def compare_all(
     for i, (pid, r, c) in enumerate(zip(ids, reference, candidate)):
         p = compare_outputs(r, c, top_k=top_k, tol=tol, prompt_tol=prompt_tol, prompt_id=pid,
                             allow_divergence=allow_divergence, prompt=prompts[i] if prompts is not None else None,
-                            tokens_only=tokens_only)
+                            tokens_only=tokens_only, divergence_by_value=divergence_by_value)
         p.model, p.dtype, p.engine, p.case = model, dtype, engine, case
         report.prompts.append(p)
     count = sum(p.gen_diff_count for p in report.prompts)

@@ -116,5 +116,5 @@ def run_check(
         engine=getattr(adapter, "name", type(adapter).__name__), case=case,
         meta={"reference": ref.source, "tolerance": tolerance.as_dict(),
               "mode": "tokens-only" if tokens_only else "logprobs", "prompt_logprobs": prompt_logprobs},
-        tokens_only=tokens_only, mean_tol=tolerance.mean_tol,
+        tokens_only=tokens_only, mean_tol=tolerance.mean_tol, divergence_by_value=tolerance.divergence_by_value,
     )

@@ -45,6 +45,10 @@ on that model (eager vs sdpa): see :func:`noise_tolerance` and ``references.live
 
 Invariance checks (engine vs itself under another batch / cache / chunking / block size / TP layout) use
 :func:`invariance_tolerance`: float32 only, tokens exact, and a fixed tight bound.
+
+Engines running quantized weights (GGUF q8_0 / bf16, CTranslate2 int8, ONNX Runtime GenAI int4) are compared with
+the float32 goldens under :func:`quantized_tolerance`: QUANT_FACTOR x what a correct conversion measured on that
+checkpoint (quant_tiers.py), with ``divergence_by_value`` (compare.py); conformance/README.md, "Tolerance tiers".
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class Tolerance:
     noise_prompt: float | None = None
     derivation: str = ""
     mean_tol: float | None = None  # bound on the mean |dlogprob| of a whole golden set; None: not checked
+    divergence_by_value: bool = False  # quantization tiers: a divergence may leave the top-k within tol (compare.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +87,7 @@ class Tolerance:
         how = f"overridden (derived: tol={self.tol:.3g}, prompt_tol={self.prompt_tol:.3g})"
         return Tolerance(self.dtype, tol if tol is not None else self.tol,
                          prompt_tol if prompt_tol is not None else self.prompt_tol, self.noise_generated,
-                         self.noise_prompt, how, self.mean_tol)
+                         self.noise_prompt, how, self.mean_tol, self.divergence_by_value)
 
 
 def load_manifest(path: str | Path | None = None) -> dict[str, Any]:
@@ -177,3 +182,32 @@ def invariance_tolerance() -> Tolerance:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
+
+
+# Quantization tiers: bounded logprob deltas against the float32 goldens. A bound is QUANT_FACTOR x what a correct
+# conversion reached on that golden checkpoint (quant_tiers.py; measured by `python -m tools.peer_local`), or on the
+# worst of the tier's checkpoints for one it was not measured on. Per checkpoint, because the quantization error of
+# these tiny models differs 2-3x between checkpoints (int4 set means 0.30-0.70), so that one bound for all would let
+# through a wrong rope_theta on qwen2-tiny (mean 0.88 at int4, against qwen2-tiny's own 0.39 and the worst 0.70).
+QUANT_FACTOR = 2.0
+
+
+def quantized_tolerance(quantization: str, dtype: str = "float32", checkpoint: str | None = None) -> Tolerance:
+    """The bounds of ``quantization`` (an adapter's ``quantization``: a key of quant_tiers.MEASURED) for a golden
+    ``checkpoint``; the goldens compared must be float32 (transformers in float32 is the tier's reference)."""
+    from .quant_tiers import MEASURED
+
+    if quantization not in MEASURED:
+        raise ValueError(f"no tolerance tier for quantization {quantization!r}; have {sorted(MEASURED)}")
+    if dtype != "float32":
+        raise ValueError(f"quantization tier {quantization!r} is measured against the float32 goldens; "
+                         f"--dtype is {dtype!r}")
+    tier = MEASURED[quantization]
+    values = tier.checkpoints.get(checkpoint or "")
+    where = f"{checkpoint}'s" if values else f"the worst of {len(tier.checkpoints)} goldens'"
+    if values is None:
+        values = tuple(max(v[i] for v in tier.checkpoints.values()) for i in range(3))
+    gen, prompt, mean = (QUANT_FACTOR * v for v in values)
+    how = (f"quantization tier {quantization} ({tier.what}): {QUANT_FACTOR:g} x {where} measured (gen {values[0]:.3g}, "
+           f"prompt {values[1]:.3g}, set mean {values[2]:.3g}; {tier.source})")
+    return Tolerance("float32", gen, prompt, derivation=how, mean_tol=mean, divergence_by_value=True)

@@ -21,7 +21,10 @@ import pytest
 SUITE_DTYPES = ("float32", "bfloat16")  # the goldens' dtypes (golden/load.py)
 LIVE_DTYPES = SUITE_DTYPES + ("float16",)  # --reference live: transformers computes the reference in any of them
 CHECKED_PACKAGES = ("torch", "transformers", "triton")
-OPTIONAL_ENGINES = ("vllm", "sglang")  # built-in adapters of engines that are not dependencies
+# built-in adapters of engines that are not dependencies: engine -> (module it imports, what to pip install)
+OPTIONAL_ENGINES = {"vllm": ("vllm", "vllm"), "sglang": ("sglang", "sglang"),
+                    "llamacpp": ("llama_cpp", "llama-cpp-python"), "ctranslate2": ("ctranslate2", "ctranslate2"),
+                    "ortgenai": ("onnxruntime_genai", "onnxruntime-genai")}
 
 
 def validate_options(config: pytest.Config) -> None:
@@ -46,8 +49,9 @@ def _check_engine(spec: str) -> Callable | None:
     valid = (f"one of {sorted(ADAPTERS)}, PREFIX:URL with PREFIX in {sorted(SERVER_ADAPTERS)} "
              f"(e.g. openai:http://127.0.0.1:8000/v1), or pkg.module:factory")
     if not sep:
-        if spec in OPTIONAL_ENGINES and not _importable(spec):
-            raise pytest.UsageError(f"--engine {spec}: the {spec} package is not installed here (pip install {spec})")
+        if spec in OPTIONAL_ENGINES and not _importable(OPTIONAL_ENGINES[spec][0]):
+            raise pytest.UsageError(f"--engine {spec}: the {OPTIONAL_ENGINES[spec][0]} package is not installed here "
+                                    f"(pip install {OPTIONAL_ENGINES[spec][1]})")
         if spec in ADAPTERS:
             return None
         raise pytest.UsageError(f"--engine {spec!r}: unknown engine; expected {valid}")
@@ -148,10 +152,16 @@ def _check_models(raw: Any) -> None:
     from golden.load import list_checkpoints
 
     raw = [raw] if isinstance(raw, str) else list(raw or [])  # a str if a plugin loaded earlier owns --model
+    from .dialects import split_dialect
+
     for name in (m.strip() for opt in raw for m in opt.split(",") if m.strip()):
-        if name not in list_checkpoints() and not os.path.isdir(name):
+        try:
+            base, _ = split_dialect(name)  # NAME@rope_scaling: a golden in the published config dialect
+        except ValueError as e:
+            raise pytest.UsageError(f"--model {name!r}: {e}") from None
+        if base not in list_checkpoints() and not os.path.isdir(name):
             raise pytest.UsageError(f"--model {name!r}: neither a golden checkpoint ({', '.join(list_checkpoints())}) "
-                                    "nor a checkpoint folder")
+                                    "nor a checkpoint folder (a golden name may end in @rope_scaling)")
 
 
 def _check_dtypes(raw: str, reference: str) -> None:

@@ -35,7 +35,7 @@ def usage_error(**options: object) -> str:
 def test_defaults_and_good_values_pass() -> None:
     validate_options(FakeConfig())
     validate_options(FakeConfig(engine="openai:http://127.0.0.1:8000/v1", engine_arg=["max_n_per_request=8"],
-                                model=["qwen3-tiny,qwen2-tiny"], dtype="float32", tp=2))
+                                model=["qwen3-tiny,qwen2-tiny@rope_scaling"], dtype="float32", tp=2))
     validate_options(FakeConfig(engine="hf", engine_arg=["attn_implementation=sdpa"], reference="live",
                                 dtype="float16", kernels="nanovllm_ref.testing.kernels:nanovllm_ref_candidates"))
     validate_options(FakeConfig(engine="tests.perturbing_adapter:token_factory"))  # a pkg.module:factory
@@ -44,14 +44,18 @@ def test_defaults_and_good_values_pass() -> None:
 @pytest.mark.parametrize("options, expected", [
     (dict(dtype="fp32"), "--dtype 'fp32': valid dtypes are float32, bfloat16"),
     (dict(dtype="float32,float16"), "float16 needs --reference live"),
-    (dict(engine="hff"), "--engine 'hff': unknown engine; expected one of ['hf', 'nanovllm_ref', 'sglang', 'vllm']"),
+    (dict(engine="hff"),
+     "--engine 'hff': unknown engine; expected one of ['ctranslate2', 'hf', 'llamacpp', 'nanovllm_ref', 'ortgenai'"),
     (dict(engine="openai:127.0.0.1:8000/v1"), "openai: takes a server URL starting with http://"),
     (dict(engine="nosuchpkg.mod:make"), "cannot import 'nosuchpkg.mod'"),
     (dict(engine="tests.perturbing_adapter:no_such_factory"), "has no 'no_such_factory'"),
     (dict(model=["qwen3-tiny,qwen3-tinny"]), "--model 'qwen3-tinny': neither a golden checkpoint (llama3-bias-hd32"),
     (dict(tp=0), "--tp 0: must be an integer >= 1"),
+    (dict(model=["qwen3-tiny@rope_theta"]), "unknown config dialect 'rope_theta'"),
     (dict(invariance_trials=0), "--invariance-trials 0: must be an integer >= 1"),
     (dict(engine="sglang"), "--engine sglang: the sglang package is not installed here (pip install sglang)"),
+    (dict(engine="llamacpp"),
+     "--engine llamacpp: the llama_cpp package is not installed here (pip install llama-cpp-python)"),
     (dict(kernels="mykernels"), "--kernels 'mykernels': expected pkg.module:function"),
     (dict(engine_arg=["max_model_len"]), "--engine-arg 'max_model_len': expected KEY=VALUE"),
     (dict(engine_arg=["max_modle_len=512"]), "engine 'nanovllm_ref' takes no setting 'max_modle_len'; valid keys:"),

@@ -161,6 +161,11 @@ class NanovllmRefAdapter:
     def num_preemptions(self) -> int:
         return self.llm.engine.scheduler.num_preemptions
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (optional for adapters): a check that bounds cached tokens by what it sent
+        itself needs a cold cache on an engine that earlier tests used."""
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         self.llm.shutdown()
 

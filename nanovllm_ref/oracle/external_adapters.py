@@ -127,6 +127,9 @@ class VLLMAdapter:
         return {"block_size": block_size, "num_gpu_blocks_override": num_blocks + 1, "max_model_len": max_model_len,
                 "enable_prefix_caching": True}
 
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()  # vllm.LLM's own
+
     def run_requests(self, requests: list) -> list:
         """Requests with their own settings (oracle/requests.py), passed to vLLM's SamplingParams by name. vLLM's
         logprobs_mode is an engine setting (LLM(logprobs_mode=...), e.g. through --engine-arg): a request asking

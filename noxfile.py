@@ -91,7 +91,7 @@ def installed(session: nox.Session) -> None:
 def conformance_thorough(session: nox.Session) -> None:
     """Property tests with the long Hypothesis profile (10,000+ examples each)."""
     _install(session)
-    session.run("pytest", "tests/properties", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "thorough"})
+    session.run("pytest", "tests/engine/properties", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "thorough"})
 
 
 @nox.session
@@ -111,7 +111,7 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(name="peer-vllm", default=False)  # explicit only: it installs vLLM, runs ~30 min
 def peer_vllm(session: nox.Session) -> None:
-    """vLLM's CPU build as a real peer, in its own venv: tests/test_peer_vllm.py (close() ends its engine, no
+    """vLLM's CPU build as a real peer, in its own venv: tests/oracle/test_peer_vllm.py (close() ends its engine, no
     process left after a run), then the conformance suite in-process and through its OpenAI server (started on
     127.0.0.1 and stopped after each run) on every golden checkpoint it can run, fp32 + bf16, and the results
     table (tools/peer_vllm.py; `-- --models a,b --routes http` narrows it). Slow: 1-5 min per engine start."""
@@ -122,7 +122,7 @@ def peer_vllm(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}  # GiB of KV cache; the default wants most RAM
     session.run("python", "-m", "golden.verify")
-    session.run("pytest", "tests/test_peer_vllm.py", "-q", "-p", "no:cacheprovider", env=env)
+    session.run("pytest", "tests/oracle/test_peer_vllm.py", "-q", "-p", "no:cacheprovider", env=env)
     session.run("python", "-m", "tools.peer_vllm", *session.posargs, env=env)
 
 

@@ -45,13 +45,13 @@ def kernels(name: str) -> tuple[str, ...]:
 
 GOLDEN = "conformance/test_golden.py::test_golden"
 KERNEL_ATTN = "tests/kernels/test_kernel_attention.py::test_prefill_attention"
-SDPA_ORACLE = "tests/test_sdpa_backend.py"  # the sdpa backend (the CPU default) against the torch reference
+SDPA_ORACLE = "tests/attention/test_sdpa_backend.py"  # the sdpa backend (the CPU default) against the torch reference
 RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
 ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
-BLOCKS, SCHED = "tests/properties/test_block_manager_props.py", "tests/properties/test_scheduler_props.py"
-SAMPLING = "tests/test_sampling.py"
+BLOCKS, SCHED = "tests/engine/properties/test_block_manager_props.py", "tests/engine/properties/test_scheduler_props.py"
+SAMPLING = "tests/layers/test_sampler_distributions.py"
 SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases
-ENGINE = "tests/test_engine.py"
+ENGINE = "tests/engine/test_greedy_matches_transformers.py"
 STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
 CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
 TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
@@ -122,11 +122,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "victim = self.running.pop(0)  # the oldest", "scheduler preempts the oldest running sequence", (SCHED,)),
     M("decode-batch-length", "nanovllm_ref/engine/decode_batch.py",
       "np.flatnonzero(self.finish_t <= t)", "np.flatnonzero(self.finish_t < t)",
-      "vectorized decode step finishes a request one token late", ("tests/properties/test_decode_batch.py",)),
+      "vectorized decode step finishes a request one token late", ("tests/engine/properties/test_decode_batch.py",)),
     M("decode-batch-slot", "nanovllm_ref/engine/decode_batch.py",
       "slots[r] = tables[r][p // bs] * bs - t", "slots[r] = tables[r][p // bs - 1] * bs - t",
       "vectorized decode step keeps writing into the previous block after a block boundary",
-      ("tests/properties/test_decode_batch.py",)),
+      ("tests/engine/properties/test_decode_batch.py",)),
     # blind spots an early table showed: stop / EOS / finish reasons, per-request logprobs, prefix cache with prompt
     # logprobs, scheduler budget and chunks, max_model_len, kernel magnitudes, the MoE router
     M("eos-config-only", "nanovllm_ref/engine/llm_engine.py",
@@ -139,19 +139,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("decode-batch-stop-reason", "nanovllm_ref/engine/decode_batch.py",
       'finished = [(r, "stop") for r in stopped]', 'finished = [(r, "length") for r in stopped]',
       "vectorized decode step: a stop token reports finish_reason 'length'",
-      ("tests/properties/test_decode_batch.py",)),
+      ("tests/engine/properties/test_decode_batch.py",)),
     M("decode-batch-stop-ignored", "nanovllm_ref/engine/decode_batch.py",
       "stopped = {r for r in self.stop_rows if tokens[r] in seqs[r].stop_ids}", "stopped = set()",
-      "vectorized decode step never stops on a stop token", ("tests/properties/test_decode_batch.py",)),
+      "vectorized decode step never stops on a stop token", ("tests/engine/properties/test_decode_batch.py",)),
     M("max-model-len-cap", "nanovllm_ref/engine/scheduler.py",
       "seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len)",
       "seq.max_num_tokens = min(seq.max_num_tokens, self.max_model_len - 1)",
       "a request reaching max_model_len exactly ends one token early", (SCHED, ENGINE)),
     M("max-model-len-refuses-exact", "nanovllm_ref/engine/scheduler.py", "if need > self.max_model_len:",
-      "if need >= self.max_model_len:", "prompt + max_tokens == max_model_len is refused", ("tests/test_errors.py",)),
+      "if need >= self.max_model_len:", "prompt + max_tokens == max_model_len is refused",
+      ("tests/engine/test_request_errors.py",)),
     M("logprobs-count-shared", "nanovllm_ref/engine/model_runner.py",
       "entry = dict(zip(ids[i][:k], values[i][:k]))", "entry = dict(zip(ids[i], values[i]))",
-      "every request of a step gets the largest logprobs count of the step", ("tests/test_request_adapter.py",)),
+      "every request of a step gets the largest logprobs count of the step", ("tests/oracle/test_request_adapter.py",)),
     M("logprobs-rescaled", "nanovllm_ref/layers/sampler.py", "logprobs = logits.float().log_softmax(dim=-1)",
       "logprobs = (logits.float() * 1.02).log_softmax(dim=-1)",
       "logprobs of a rescaled distribution (every argmax kept)", (GOLDEN,)),
@@ -178,7 +179,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "scheduler sends a request that does not fit to the back of the queue (a younger one goes first)", (SCHED,)),
     M("moe-router-never-normalized", "nanovllm_ref/models/qwen3_moe.py", "        if self.norm_topk_prob:\n",
       "        if False:\n", "MoE router: norm_topk_prob ignored (top-k weights never renormalized)",
-      ("tests/test_architectures.py",), (*CONFORMANCE, *MOE)),
+      ("tests/models/test_architectures.py",), (*CONFORMANCE, *MOE)),
     M("rmsnorm-kernel-input-dtype", "nanovllm_ref/kernels/rmsnorm.py", "        h = x.to(tl.float32)\n",
       "        h = x\n", "Triton RMSNorm sums the squares in the input dtype (fp16 overflows at large magnitudes)",
       (RMS,), kernels("rms_norm")),
@@ -196,13 +197,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("async-stale-rows", "nanovllm_ref/engine/llm_engine.py",
       "keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]", "keep = None",
       "async scheduling feeds the step behind one whose rows finished the wrong rows' tokens",
-      ("tests/test_async_scheduling.py",)),
+      ("tests/engine/test_async_scheduling.py",)),
     M("async-apply-to-wrong-rows", "nanovllm_ref/engine/scheduler.py", "if len(scheduled) != len(batch.seqs):",
       "if False:", "async scheduling applies a step's tokens to the wrong rows after a row finished in flight",
-      ("tests/test_async_scheduling.py",)),
+      ("tests/engine/test_async_scheduling.py",)),
     M("flash-attn-not-causal", "nanovllm_ref/attention/flash_attn_backend.py",
       "causal=True, block_table=meta.block_tables", "causal=False, block_table=meta.block_tables",
-      "flash-attn backend: prefill without the causal mask", ("tests/test_flash_attn_backend.py",),
+      "flash-attn backend: prefill without the causal mask", ("tests/attention/test_flash_attn_backend.py",),
       ("conformance/test_golden.py",), gpu=True,
       gpu_args=("--engine-arg", "attention_backend=flash-attn", "--engine-arg", "kvcache_block_size=256")),
     M("cpu-qk-block-rope-offset", "nanovllm_ref/models/qwen3.py",
@@ -245,11 +246,11 @@ MUTANTS: tuple[Mutant, ...] = (
     # the Triton kernels that had no mutant: each reached by its kernel conformance case (CPU: the interpreter)
     M("silu-kernel-sign", "nanovllm_ref/kernels/activation.py", "act = (gate / (1.0 + tl.exp(-gate)))",
       "act = (gate / (1.0 + tl.exp(gate)))", "Triton SiLU-and-mul: sigmoid of -gate (exp sign flipped)",
-      ("tests/test_backends.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
+      ("tests/attention/test_backends_end_to_end.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
     M("silu-kernel-one-column-block", "nanovllm_ref/kernels/activation.py",
       "offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)", "offs = tl.arange(0, BLOCK)",
       "Triton SiLU-and-mul: every column block of a wide row computes the first block",
-      ("tests/test_backends.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
+      ("tests/attention/test_backends_end_to_end.py::test_silu_and_mul_kernel_matches_reference",), kernels("silu")),
     M("prefill-kernel-one-query-tile", "nanovllm_ref/kernels/prefill_attention.py",
       "tile = tl.num_programs(0) - 1 - tl.program_id(0)", "tile = 0 * tl.program_id(0)",
       "Triton prefill attention: every query tile of a long prompt computes the first tile",
@@ -306,12 +307,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])",
       "dst, rows = zip(*[(dst, i) for i, (dst, seq_id) in enumerate(step.pending)])",
       "async scheduling feeds a mixed step's decode rows the step in flight's tokens by order, not by sequence",
-      ("tests/test_async_scheduling.py",)),
+      ("tests/engine/test_async_scheduling.py",)),
     M("async-fill-never-finishes", "nanovllm_ref/engine/scheduler.py",
       "            seq.num_pending -= out.advanced\n",
       "            seq.num_pending -= out.advanced\n            if out.advanced:\n                continue\n",
       "a token sampled in a step scheduled past (async) never ends its request (stop token, max_tokens)",
-      (SCHED, "tests/test_async_scheduling.py")),
+      (SCHED, "tests/engine/test_async_scheduling.py")),
     # penalties over many steps, logprobs modes, seeds, cached tokens, TP in bfloat16, the RMSNorm residual: each
     # caught by `pytest conformance` alone (the module named first)
     M("sampling-frequency-once-per-token", "nanovllm_ref/layers/logits_processing.py",

@@ -16,7 +16,8 @@ to the layer's keys gathered at the previous step instead of gathering the whole
 (`DecodeContext`); a batch of fresh prompts attends prompt by prompt over the keys it just stored, on views of
 the token rows, through SDPA's causal kernel (which skips the key tiles above the diagonal; no padding). The
 first layer of a step plans for all (`Plan`). Numerically this is the reference up to float rounding
-(tests/test_sdpa_backend.py checks it against `prefill_attention_reference` on random paged batches and steps).
+(tests/attention/test_sdpa_backend.py checks it against `prefill_attention_reference` on random paged batches
+and steps).
 An fp8 cache (kv_scales set): the step's K/V are quantized once in store_kv, and every read (this step's rows
 included) sees the stored values dequantized in float32 (kernels/kv_quant.py), as the reference does. The cache
 is gathered and written through uint8 views (torch's CPU index kernels have no fp8 variants), the rows viewed as

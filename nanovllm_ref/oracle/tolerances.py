@@ -18,7 +18,7 @@ the noise's (conformance/README.md, "Peers").
 The measured noise is what two correct implementations of the same arithmetic differ by; an engine is
 allowed 3x that. The floor covers reduction-order differences that the two transformers paths happen not to
 exercise (nanovllm_ref's packed varlen batches, paged KV gathers, fused qkv/gate_up matmuls) so that the
-unmodified engine passes with margin; it stays far below what real bugs cost (see tests/test_sharpness.py
+unmodified engine passes with margin; it stays far below what real bugs cost (see tests/oracle/test_sharpness.py
 and conformance/README.md, which list the measured numbers).
 
 For comparison: vLLM's ``check_logprobs_close`` checks no values at all (only that each side's token is in

@@ -38,7 +38,7 @@ def test_defaults_and_good_values_pass() -> None:
                                 model=["qwen3-tiny,qwen2-tiny@rope_scaling"], dtype="float32", tp=2))
     validate_options(FakeConfig(engine="hf", engine_arg=["attn_implementation=sdpa"], reference="live",
                                 dtype="float16", kernels="nanovllm_ref.testing.kernels:nanovllm_ref_candidates"))
-    validate_options(FakeConfig(engine="tests.perturbing_adapter:token_factory"))  # a pkg.module:factory
+    validate_options(FakeConfig(engine="tests.support.perturbing_adapter:token_factory"))  # a pkg.module:factory
 
 
 @pytest.mark.parametrize("options, expected", [
@@ -48,7 +48,7 @@ def test_defaults_and_good_values_pass() -> None:
      "--engine 'hff': unknown engine; expected one of ['ctranslate2', 'hf', 'llamacpp', 'nanovllm_ref', 'ortgenai'"),
     (dict(engine="openai:127.0.0.1:8000/v1"), "openai: takes a server URL starting with http://"),
     (dict(engine="nosuchpkg.mod:make"), "cannot import 'nosuchpkg.mod'"),
-    (dict(engine="tests.perturbing_adapter:no_such_factory"), "has no 'no_such_factory'"),
+    (dict(engine="tests.support.perturbing_adapter:no_such_factory"), "has no 'no_such_factory'"),
     (dict(model=["qwen3-tiny,qwen3-tinny"]), "--model 'qwen3-tinny': neither a golden checkpoint (llama3-bias-hd32"),
     (dict(tp=0), "--tp 0: must be an integer >= 1"),
     (dict(model=["qwen3-tiny@rope_theta"]), "unknown config dialect 'rope_theta'"),

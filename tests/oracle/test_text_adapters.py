@@ -11,7 +11,7 @@ from nanovllm_ref.oracle.openai_adapter import OpenAIAdapter
 from nanovllm_ref.oracle.references import golden_reference
 from nanovllm_ref.oracle.text_reference import ReferenceText
 
-from ..serve_util import MODEL, running_server
+from ..support.server import MODEL, running_server
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from nanovllm_ref.serve.app import ACCESS_LOG  # noqa: E402
 
-from ..serve_util import MODEL, running_server  # noqa: E402
+from ..support.server import MODEL, running_server  # noqa: E402
 
 NUM_REQUESTS, MAX_TOKENS = 12, 48
 PROMPTS = [[5 + i, 6, 7] + [9] * (3 * i) for i in range(NUM_REQUESTS)]  # 3..36 tokens, all different

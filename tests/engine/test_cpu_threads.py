@@ -12,7 +12,7 @@ import torch
 from nanovllm_ref import LLM
 from nanovllm_ref.config import auto_cpu_threads
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 
 @pytest.fixture(autouse=True)

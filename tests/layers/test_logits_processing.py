@@ -15,7 +15,7 @@ from nanovllm_ref.layers.sampler import SamplingBatch
 from nanovllm_ref.oracle.sampling_reference import process
 from nanovllm_ref.sampling_params import ProcessedRow
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 CASES = [
     dict(temperature=0.7, top_k=5),

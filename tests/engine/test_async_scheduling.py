@@ -15,7 +15,7 @@ import pytest
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.model_runner import ModelRunner
 
-from .conftest import QWEN3
+from ..conftest import QWEN3
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:

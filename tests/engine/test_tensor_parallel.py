@@ -11,7 +11,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 
-from .conftest import checkpoint_path
+from ..conftest import checkpoint_path
 
 MODEL = "qwen3-gqa4"  # 8 query heads, 2 KV heads: TP=4 replicates each KV head on two ranks
 PROMPTS = [[5, 6, 7], [9] * 20 + [3, 4], list(range(3, 60)), [11]]

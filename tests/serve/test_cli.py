@@ -18,10 +18,10 @@ import pytest
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.serve.cli import main
 
-from .conftest import QWEN3, checkpoint_path
-from .serve_util import CHATML
+from ..conftest import QWEN3, checkpoint_path
+from ..support.server import CHATML
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLI = [sys.executable, "-m", "nanovllm_ref.serve.cli"]
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
 ENGINE = ["--dtype", "float32", "--max-model-len", "256"]

@@ -1,6 +1,6 @@
 """A deliberately wrong engine for tests: nanovllm_ref with one generated token or one logprob changed.
 
-Used as `--engine tests.perturbing_adapter:token_factory` (or `:logprob_factory`) to show that the
+Used as `--engine tests.support.perturbing_adapter:token_factory` (or `:logprob_factory`) to show that the
 conformance suite fails and names the prompt and position."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The server adapters (openai, trtllm, tgi, sglang, ollama) against stand-ins that speak each server's protocol
-backed by nanovllm_ref (tests/standin_servers.py): each route passes the qwen3-tiny float32 goldens and fails
+backed by nanovllm_ref (tests/support/standin_servers.py): each route passes the qwen3-tiny float32 goldens and fails
 naming the prompt and position when the stand-in corrupts one token; a server that runs another model, config
 or dtype than --model / --dtype is refused with a message naming both, through the adapter and through pytest."""
 
@@ -21,9 +21,9 @@ from nanovllm_ref.oracle.references import golden_reference, run_check
 from nanovllm_ref.oracle.served import ServerMismatch
 from nanovllm_ref.oracle.tolerances import golden_tolerance
 
-from .standin_servers import Backend, Claims, serve
+from ..support.standin_servers import Backend, Claims, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen3-tiny"
 PROMPT, STEP = 3, 5  # the token the stand-in corrupts
 

@@ -9,7 +9,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 
-from .conftest import QWEN2, QWEN3, checkpoint_path, hf_greedy
+from ..conftest import QWEN2, QWEN3, checkpoint_path, hf_greedy
 
 MAX_NEW = 16
 

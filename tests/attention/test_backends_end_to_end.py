@@ -11,7 +11,7 @@ from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.attention.metadata import decode_batch_bucket
 from nanovllm_ref.engine.cuda_graph import capture_sizes
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 _NEEDS_INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                         reason="CPU run needs the Triton interpreter")

@@ -15,9 +15,9 @@ from nanovllm_ref.serve.chat_template import read_chat_template
 from nanovllm_ref.serve.routes import Served
 from nanovllm_ref.serve.server import ServerConfig, bind, make_served, make_uvicorn
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
-CHATML = str(Path(__file__).parent / "data" / "chatml.jinja")
+CHATML = str(Path(__file__).resolve().parents[1] / "data" / "chatml.jinja")
 MODEL = "qwen3-tiny"
 
 

@@ -13,8 +13,8 @@ from nanovllm_ref.oracle.adapters import NanovllmRefAdapter  # noqa: E402
 from nanovllm_ref.oracle.openai_adapter import OpenAIAdapter  # noqa: E402
 from nanovllm_ref.serve.params import SAMPLING_FIELDS  # noqa: E402
 
-from .conftest import QWEN3, checkpoint_path  # noqa: E402
-from .serve_util import MODEL, running_server  # noqa: E402
+from ..conftest import QWEN3, checkpoint_path  # noqa: E402
+from ..support.server import MODEL, running_server  # noqa: E402
 
 PROMPTS = [[5, 6, 7], [9] * 20 + [3, 4], list(range(3, 60))]
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -236,7 +236,7 @@ def _run_conformance(engine: str, tmp_path, files: tuple = ("conformance/test_go
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
            "--engine", engine, "--model", QWEN3, "--dtype", "float32", "--report", str(report), "-k", "not gpu"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
@@ -251,9 +251,9 @@ def test_conformance_suite_passes_through_the_openai_adapter(server, tmp_path):
 
 @pytest.mark.parametrize("what", ["token", "logprob"])
 def test_conformance_suite_fails_on_a_perturbed_engine_naming_prompt_and_position(tmp_path, what):
-    from .perturbing_adapter import PROMPT, STEP
+    from ..support.perturbing_adapter import PROMPT, STEP
 
-    code, log = _run_conformance(f"tests.perturbing_adapter:{what}_factory", tmp_path)
+    code, log = _run_conformance(f"tests.support.perturbing_adapter:{what}_factory", tmp_path)
     assert code != 0, log[-3000:]
     from golden.load import load_golden
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.serve.protocol import ChatCompletionRequest, CompletionRequest
 
-from .conftest import QWEN3, checkpoint_path
-from .serve_util import MODEL, running_server
+from ..conftest import QWEN3, checkpoint_path
+from ..support.server import MODEL, running_server
 
 httpx = pytest.importorskip("httpx")
 

@@ -9,8 +9,8 @@ import pytest
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.serve.chat_template import read_chat_template
 
-from .conftest import QWEN3, checkpoint_path
-from .serve_util import CHATML
+from ..conftest import QWEN3, checkpoint_path
+from ..support.server import CHATML
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def main("}]
@@ -89,7 +89,7 @@ def test_the_readme_snippet_runs_from_any_folder(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     snippet = re.search(r"```python\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
     assert 'LLM("qwen3-tiny"' in snippet and "llm.chat(" in snippet
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}

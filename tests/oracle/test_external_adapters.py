@@ -172,7 +172,7 @@ def test_engine_arg_reaches_the_factory_through_pytest(tmp_path) -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "pytest", "conformance/test_golden.py", "-q", "-p", "no:cacheprovider", "-k",
             "not gpu", "--model", "qwen3-tiny", "--dtype", "float32", "--report", str(tmp_path / "r.json")]

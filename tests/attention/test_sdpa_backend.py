@@ -3,7 +3,7 @@
 Paged batches from nanovllm_ref.testing: decode, fresh prompts, cached prefixes and chunks mixed, every GQA
 ratio and block size, with unused cache blocks and rows past each context poisoned (NaN or large garbage), so
 a backend that lets a masked key's value into the sum fails. (The whole engine against the torch backend:
-tests/test_backends.py::test_engine_matches_torch_backend.)
+tests/attention/test_backends_end_to_end.py::test_engine_matches_torch_backend.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from nanovllm_ref.attention.sdpa_backend import SdpaBackend
 from nanovllm_ref.kernels.prefill_attention import prefill_attention_reference
 from nanovllm_ref.testing import RELATIVE_TOLERANCE, make_paged_batch, paged_batches, relative_error
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 
 def _run_backend(b) -> torch.Tensor:

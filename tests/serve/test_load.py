@@ -11,7 +11,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from .serve_util import MODEL, running_server  # noqa: E402
+from ..support.server import MODEL, running_server  # noqa: E402
 
 
 async def _stream(client, prompt: list[int], max_tokens: int, keep_chunks: int | None = None) -> tuple[list, str]:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from nanovllm_ref import LLM, SamplingParams
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

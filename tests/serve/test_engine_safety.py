@@ -8,7 +8,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

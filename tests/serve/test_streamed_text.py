@@ -16,7 +16,7 @@ from nanovllm_ref.outputs import CompletionOutput, RequestOutput
 from nanovllm_ref.serve.engine_loop import Delta
 from nanovllm_ref.serve.handlers import Choice
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 TEXT = "héllo wörld — ☃ 😀 ok"
 PROMPT = [5, 6, 7]

@@ -14,7 +14,7 @@ httpx = pytest.importorskip("httpx")
 
 from nanovllm_ref.serve.params import SAMPLING_FIELDS  # noqa: E402
 
-from .serve_util import MODEL, running_server  # noqa: E402
+from ..support.server import MODEL, running_server  # noqa: E402
 
 NORMAL = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (nox -s peer-vllm installs its CPU build)")
 psutil = pytest.importorskip("psutil")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 

@@ -10,7 +10,7 @@ from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.kernels.sampling import row_keys, uniform_noise
 from nanovllm_ref.layers.sampler import SamplingBatch, apply_top_k_top_p, sample
 
-from .conftest import QWEN3, checkpoint_path
+from ..conftest import QWEN3, checkpoint_path
 
 N = 20_000
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])

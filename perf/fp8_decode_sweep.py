@@ -2,9 +2,10 @@
 
 For each headline decode step given (the contexts of the sequences still running when every request is admitted
 at once; longest first; the engine's split choice): the engine's kernel on a bf16 cache and on an fp8 cache, then
-each variant `CVT:BLOCK_N/warps/stages` of perf/fp8_decode_variants.py (CVT: how a tile becomes float16), checked
-against the engine's fp8 output and timed by CUDA events (median of triton.testing.do_bench). Ends with the
-compiled variants' registers, spills and byte-wide shared loads, and one table: us per call, GB/s of the KV bytes.
+each variant `CVT:BLOCK_N/warps/stages[p]` of perf/fp8_decode_variants.py (CVT: how a tile becomes float16; p: two
+tiles per loop iteration), checked against the engine's fp8 output and timed by CUDA events (median of
+triton.testing.do_bench). Ends with the compiled variants' registers, spills and byte-wide shared loads, and one
+table: us per call, GB/s of the KV bytes.
 
     python -m perf.fp8_decode_sweep --steps 0 320 640 --variants 0:64/2/4 1:32/1/4 2:32/1/4
 """
@@ -21,8 +22,8 @@ from nanovllm_ref.kernels.kv_quant import quantize_kv
 from nanovllm_ref.testing.bench import workloads
 from nanovllm_ref.testing.bench.device import measure_copy_gbps
 
-VARIANTS = ["0:64/2/4", "0:32/1/4", "0:32/1/2", "0:16/1/4", "0:16/1/2", "1:64/2/4", "1:64/2/3", "1:32/1/4",
-            "1:32/1/2", "1:16/1/4", "2:64/2/4", "2:32/1/4", "2:32/1/2", "2:16/1/4"]
+VARIANTS = ["0:64/2/4", "0:64/2/4p", "0:64/2/2p", "0:32/2/4p", "0:32/1/4", "0:32/1/4p", "0:16/1/4", "0:64/4/3p",
+            "1:64/2/4", "1:64/2/4p", "1:32/1/4", "1:32/1/4p", "2:32/1/4", "2:32/1/4p", "2:64/2/4p"]
 
 
 def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_model_len: int = 4096, seed: int = 0):
@@ -85,8 +86,8 @@ def sweep_step(step: int, variants: list[str], rows: list[tuple]) -> None:
     timed("engine fp8", engine(f8), 1, want)
     for spec in variants:
         cvt, tile = spec.split(":")
-        bn, w, st = (int(x) for x in tile.split("/"))
-        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "CVT": int(cvt)}
+        bn, w, st = (int(x) for x in tile.rstrip("p").split("/"))
+        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "CVT": int(cvt), "PAIRS": tile.endswith("p")}
         try:
             timed(f"cvt{spec}", lambda cfg=cfg: decode_fp8_variant(q, *f8, tables, seq_lens, 128**-0.5, scales,
                                                                    order=order, tile=cfg, **kw), 1, want)
@@ -97,7 +98,8 @@ def sweep_step(step: int, variants: list[str], rows: list[tuple]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 320, 640])
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, help="CVT:BLOCK_N/warps/stages")
+    ap.add_argument("--variants", nargs="+", default=VARIANTS,
+                    help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
     args = ap.parse_args()
     print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")
     rows: list[tuple] = []

@@ -11,6 +11,9 @@ becomes float16:
 - 2: K and V both so (no byte-wide shared loads; the loop's SASS shrinks from 1,108 to 621 instructions per warp
   and tile under triton 3.6, but the float16 staging adds shared memory and a barrier per tile).
 - 3: as 2, with bit moves instead of `cvt` (float16 holding value * 2^-8, undone in the scales).
+`PAIRS`: two tiles per loop iteration. Triton single-buffers each tile's async copy here (one shared-memory slot per
+load whatever num_stages), so a program has one tile of loads in flight while it computes; two tiles per iteration
+double the bytes in flight per program at the same occupancy.
 Measured on the H200 (perf/RESULTS.md): 0 stays the fastest; the kernel is bound by the latency of its per-tile
 chain at 4 resident programs per SM, not by instruction count.
 """
@@ -112,7 +115,7 @@ if triton is not None:
         group, num_kv_heads, num_splits,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr, UPCAST: tl.constexpr, HAS_ORDER: tl.constexpr,
-        CVT: tl.constexpr,
+        CVT: tl.constexpr, PAIRS: tl.constexpr = False,
     ):
         pid = tl.program_id(0)  # split fastest, then KV head, then sequence (see _decode_split_kernel)
         split = pid % num_splits
@@ -144,7 +147,18 @@ if triton is not None:
         k_base = k_cache_ptr + kvh * stride_ch
         v_base = v_cache_ptr + kvh * stride_ch
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        for n0 in range(start, full_end, BLOCK_N):
+        pair_end = start + (full_end - start) // (2 * BLOCK_N) * (2 * BLOCK_N)
+        if PAIRS:  # two tiles per iteration: both tiles' loads in flight together (twice the bytes per program)
+            for n0 in range(start, pair_end, 2 * BLOCK_N):
+                acc, l_i, m_i = _fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, qk_scale, stride_cb,
+                                          stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST,
+                                          CVT)
+                acc, l_i, m_i = _fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0 + BLOCK_N, end, qk_scale,
+                                          stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                          False, UPCAST, CVT)
+        else:
+            pair_end = start
+        for n0 in range(pair_end, full_end, BLOCK_N):
             acc, l_i, m_i = _fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, qk_scale, stride_cb,
                                       stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, CVT)
         if full_end < end:  # the split's last, partial tile

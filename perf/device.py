@@ -16,6 +16,9 @@ Plans (every command is a public tool of this repository; nothing here has numbe
 - `kernels`: the kernel benchmarks against this GPU's saved baseline with both gates (perf/README.md), the run
   saved as JSON; `baseline` records one on a GPU that has none;
 - `mutants`: the GPU column of the mutation table (`python -m tools.mutants --gpu`);
+- `fp8`: the headline with the FP8 KV cache and with bf16 KV in one perf-suite session (the fp8 headline's
+  baseline saved: copy it into perf/results/<gpu-slug>/), the fp8 decode-kernel sweep (perf/fp8_decode_sweep.py),
+  then the fp8-kv conformance tier on every golden checkpoint, side by side;
 - `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
   TP cases (needs two GPUs).
 Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
@@ -79,6 +82,17 @@ def _gpu_conformance() -> tuple[Step, ...]:
     return (*golden, sampling, *kernels)
 
 
+def _fp8() -> tuple[Step, ...]:
+    headline = Step("perf_headline_fp8", (*PYTEST, "perf/test_engine.py", "-m", "gpu", "-k", "test_headline_throughput",
+                                          "--benchmark-storage=file://{logs}/benchmarks", "--benchmark-autosave",
+                                          "--benchmark-json={logs}/perf_headline_fp8.json"), 240)
+    sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "640"), 150)
+    tier = tuple(Step(f"fp8kv_{m}", (*PYTEST, "-m", "gpu", "conformance/test_fp8_kv.py", "--model", m, "--engine-arg",
+                                     "gpu_memory_utilization=0.04", "--torch-threads", "1", "--report", os.devnull),
+                      200, alongside=True) for m in goldens())
+    return (headline, sweep, *tier)
+
+
 def _kernel_gate(compare: bool) -> Step:
     gates = ("--benchmark-compare", "--event-compare-fail=10", "--benchmark-compare-fail=median:10%") if compare else ()
     return Step("perf_kernels", (*PYTEST, "perf/test_kernels.py", "-m", "gpu", *gates, "--benchmark-autosave",
@@ -119,6 +133,7 @@ PLANS = {p.name: p for p in (
     Plan("mutants", "the GPU column of the mutation table", (
         Step("mutants_gpu", ("{python}", "-m", "tools.mutants", "--gpu", "--jobs", "16", "--timeout", "420",
                              "--budget", "480", "--out", "{logs}/mutants_gpu"), 540),)),
+    Plan("fp8", "the headline with FP8 and bf16 KV (fp8 baseline saved), fp8 decode sweep, fp8-kv tier", _fp8()),
     Plan("tp", "TP=1 vs TP=2 (Qwen3-8B, 128 requests), TP=2 conformance, the perf TP cases", _tp()),
 )}
 

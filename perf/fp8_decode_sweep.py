@@ -1,0 +1,115 @@
+"""GPU sweep of FP8-cache decode kernels on the headline's decode shapes (one call of a GPU machine).
+
+For each headline decode step given (the contexts of the sequences still running when every request is admitted
+at once; longest first; the engine's split choice): the engine's kernel on a bf16 cache and on an fp8 cache, then
+each variant `CVT:BLOCK_N/warps/stages[p]` of perf/fp8_decode_variants.py (CVT: how a tile becomes float16; p: two
+tiles per loop iteration), checked against the engine's fp8 output and timed by CUDA events (median of
+triton.testing.do_bench). Ends with the compiled variants' registers, spills and byte-wide shared loads, and one
+table: us per call, GB/s of the KV bytes.
+
+    python -m perf.fp8_decode_sweep --steps 0 320 640 --variants 0:64/2/4 1:32/1/4 2:32/1/4
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from nanovllm_ref.attention.metadata import decode_batch_bucket
+from nanovllm_ref.kernels.decode_attention import decode_attention
+from nanovllm_ref.kernels.kv_quant import quantize_kv
+from nanovllm_ref.testing.bench import workloads
+from nanovllm_ref.testing.bench.device import measure_copy_gbps
+
+VARIANTS = ["0:64/2/4", "0:64/2/4p", "0:64/2/2p", "0:32/2/4p", "0:32/1/4", "0:32/1/4p", "0:16/1/4", "0:64/4/3p",
+            "1:64/2/4", "1:64/2/4p", "1:32/1/4", "1:32/1/4p", "2:32/1/4", "2:32/1/4p", "2:64/2/4p"]
+
+
+def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_model_len: int = 4096, seed: int = 0):
+    """q, bf16 caches, fp8 caches, scales, block tables, seq_lens, order of headline decode step `step`."""
+    contexts = workloads.decode_contexts(workloads.headline(), step)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    blocks = [-(-n // block_size) for n in contexts]
+    shape = (sum(blocks), block_size, 8, 128)
+    k, v = (torch.randn(shape, device="cuda", generator=g, dtype=dtype) for _ in range(2))
+    scales = torch.rand(2, 8, device="cuda", generator=g) / 64 + 1 / 128
+    k8, v8 = (quantize_kv(c.view(-1, 8, 128), scales[i]).view(shape) for i, c in enumerate((k, v)))
+    perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
+    tables = torch.zeros(len(contexts), -(-max_model_len // block_size), dtype=torch.int32, device="cuda")
+    start = 0
+    for row, n in enumerate(blocks):
+        tables[row, :n] = perm[start:start + n]
+        start += n
+    seq_lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(contexts), 16, 128, device="cuda", generator=g, dtype=dtype)
+    order = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
+    return q, (k, v), (k8, v8), scales, tables, seq_lens, order
+
+
+def compiled_report() -> None:
+    """Registers, spills and byte-wide shared-memory loads (the slow V read) of every compiled fp8 variant."""
+    from .fp8_decode_variants import decode_fp8_split_kernel
+
+    for cache in getattr(decode_fp8_split_kernel, "device_caches", {}).values():
+        for k in cache[0].values():
+            ptx = k.asm.get("ptx", "")
+            c = {n: getattr(k.metadata, n, None) for n in ("num_warps", "num_stages", "shared")}
+            print(f"compiled {c} regs {k.n_regs} spills {k.n_spills}"
+                  f" ld.shared.u8/b8 {ptx.count('ld.shared.u8') + ptx.count('ld.shared.b8')}"
+                  f" cvt.e4m3x2 {ptx.count('e4m3x2')} ldmatrix {ptx.count('ldmatrix')}")
+
+
+def sweep_step(step: int, variants: list[str], rows: list[tuple]) -> None:
+    import triton.testing
+
+    from .fp8_decode_variants import decode_fp8_variant
+
+    q, bf, f8, scales, tables, seq_lens, order = headline_step(step)
+    n, kv_tokens = q.shape[0], int(seq_lens.sum())
+    kw = dict(max_seq_len=4096, split_batch=decode_batch_bucket(n))
+
+    def engine(cache, fp8=True):
+        return lambda: decode_attention(q, *cache, tables, seq_lens, 128**-0.5, kv_scales=scales if fp8 else None,
+                                        order=order, **kw)
+
+    def timed(name, fn, elem, want=None):
+        out = fn()
+        err = float((out.float() - want.float()).abs().max()) if want is not None else 0.0
+        us = triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
+        gbps = 2 * kv_tokens * 8 * 128 * elem / us / 1e3
+        rows.append((step, n, name, us, gbps, err))
+        print(f"step {step:4d} b{n:3d} {name:24s} {us:8.1f} us {gbps:7.0f} GB/s maxerr {err:.2e}", flush=True)
+
+    want = engine(f8)()
+    timed("engine bf16", engine(bf, fp8=False), 2)
+    timed("engine fp8", engine(f8), 1, want)
+    for spec in variants:
+        cvt, tile = spec.split(":")
+        bn, w, st = (int(x) for x in tile.rstrip("p").split("/"))
+        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "CVT": int(cvt), "PAIRS": tile.endswith("p")}
+        try:
+            timed(f"cvt{spec}", lambda cfg=cfg: decode_fp8_variant(q, *f8, tables, seq_lens, 128**-0.5, scales,
+                                                                   order=order, tile=cfg, **kw), 1, want)
+        except Exception as e:  # a variant that does not compile (shared memory): say so, keep sweeping
+            print(f"step {step} cvt{spec}: {type(e).__name__}: {str(e)[:120]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, nargs="+", default=[0, 320, 640])
+    ap.add_argument("--variants", nargs="+", default=VARIANTS,
+                    help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
+    args = ap.parse_args()
+    print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")
+    rows: list[tuple] = []
+    for step in args.steps:
+        sweep_step(step, args.variants, rows)
+    compiled_report()
+    print("\nstep batch variant us GB/s maxerr")
+    for r in sorted(rows, key=lambda r: (r[0], r[3])):
+        print(f"{r[0]} {r[1]} {r[2]!r} {r[3]:.1f} {r[4]:.0f} {r[5]:.1e}")
+
+
+if __name__ == "__main__":
+    main()

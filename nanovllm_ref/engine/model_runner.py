@@ -70,12 +70,12 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: l
 
 class ModelRunner:
     def __init__(self, spec: RunnerSpec, model_config: ModelConfig) -> None:
-        self.spec, self.model_config = spec, model_config
+        self.spec, self.model_config, self.block_size = spec, model_config, spec.config.kvcache_block_size
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
         backend_cls = get_backend_class(spec.backend)
-        backend_cls.check_supported(spec.device, spec.block_size, model_config.head_dim)
+        backend_cls.check_supported(spec.device, self.block_size, model_config.head_dim)
         if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
             raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")
         default_dtype = torch.get_default_dtype()
@@ -85,21 +85,21 @@ class ModelRunner:
                 self.model = get_model_class(model_config)(model_config, backend_cls)
         finally:
             torch.set_default_dtype(default_dtype)
-        if spec.load_format == "dummy":
+        if spec.config.load_format == "dummy":
             init_dummy_weights(self.model, seed=0)
         else:
-            load_weights(self.model, spec.model_path)
+            load_weights(self.model, spec.config.model)
         self.graphs: DecodeGraphs | None = None
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.kv_dtype = spec.kv_dtype or spec.dtype
+        self.kv_dtype = spec.kv_dtype
         if self.kv_dtype == FP8:
             self._set_kv_scales()
         self.num_kvcache_blocks = self._allocate_kv_cache()
-        if self.device.type == "cuda" and not spec.enforce_eager:
+        if self.device.type == "cuda" and not spec.config.enforce_eager:
             self.graphs = DecodeGraphs(
-                self.model, model_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
-                spec.max_model_len, spec.block_size,
+                self.model, model_config.hidden_size, spec.dtype, self.device, spec.config.max_num_seqs,
+                spec.max_model_len, self.block_size,
             )
         if self.device.type == "cuda":
             self._compile_warmup()
@@ -107,17 +107,17 @@ class ModelRunner:
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
         per_token = 2 * first.num_kv_heads * first.head_dim * self.kv_dtype.itemsize
-        return per_token * self.spec.block_size * len(self.attn_layers)
+        return per_token * self.block_size * len(self.attn_layers)
 
     def _allocate_kv_cache(self) -> int:
         spec = self.spec
-        if spec.num_kvcache_blocks is not None:
-            num_blocks = spec.num_kvcache_blocks
+        if spec.config.num_kvcache_blocks is not None:
+            num_blocks = spec.config.num_kvcache_blocks
         elif self.device.type == "cuda":
             num_blocks = self._blocks_from_gpu_memory()
         else:
-            num_blocks = int(spec.kv_cache_memory_gb * 2**30) // self._block_bytes()
-            useful = spec.max_num_seqs * -(-spec.max_model_len // spec.block_size)
+            num_blocks = int(spec.config.kv_cache_memory_gb * 2**30) // self._block_bytes()
+            useful = spec.config.max_num_seqs * -(-spec.max_model_len // self.block_size)
             num_blocks = min(num_blocks, useful)  # more than every sequence at full length is never used
         num_blocks = all_reduce_min(num_blocks, self.device)
         if num_blocks < 1:
@@ -128,7 +128,7 @@ class ModelRunner:
     def _set_kv_cache(self, num_blocks: int) -> None:
         first = self.attn_layers[0].backend
         self.kv_cache = torch.empty(
-            len(self.attn_layers), 2, num_blocks, self.spec.block_size, first.num_kv_heads, first.head_dim,
+            len(self.attn_layers), 2, num_blocks, self.block_size, first.num_kv_heads, first.head_dim,
             dtype=self.kv_dtype, device=self.device,
         )
         for i, layer in enumerate(self.attn_layers):
@@ -138,7 +138,7 @@ class ModelRunner:
         """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
         first = self.attn_layers[0].backend
         total = self.model_config.num_key_value_heads
-        scales = kv_scales_from_checkpoint(self.spec.model_path, len(self.attn_layers), total)
+        scales = kv_scales_from_checkpoint(self.spec.config.model, len(self.attn_layers), total)
         heads = rank_kv_heads(total, first.num_kv_heads, tp_rank(), tp_size())
         self.kv_scales = scales[:, :, heads].to(self.device)  # (num_layers, 2, local kv_heads)
         for i, layer in enumerate(self.attn_layers):
@@ -153,7 +153,7 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated()
         # vLLM's meaning: this engine's share of the GPU, whatever other processes hold (engines side by side, as
         # the conformance runs start them, each get theirs) ...
-        share = total * self.spec.gpu_memory_utilization - peak
+        share = total * self.spec.config.gpu_memory_utilization - peak
         # ... but never more than is there: free memory plus what this process's allocator holds unused
         there = free + torch.cuda.memory_reserved() - peak
         return int(min(share, there)) // self._block_bytes()
@@ -161,11 +161,11 @@ class ModelRunner:
     @torch.inference_mode()
     def _warmup(self) -> None:
         spec = self.spec
-        num_seqs = min(spec.max_num_seqs, spec.max_num_batched_tokens)
-        per_seq = min(spec.max_num_batched_tokens // num_seqs, spec.max_model_len)
-        blocks_per_seq = -(-per_seq // spec.block_size)
+        num_seqs = min(spec.config.max_num_seqs, spec.config.max_num_batched_tokens)
+        per_seq = min(spec.config.max_num_batched_tokens // num_seqs, spec.max_model_len)
+        blocks_per_seq = -(-per_seq // self.block_size)
         self._set_kv_cache(num_seqs * blocks_per_seq)
-        step = dummy_prefill_step(num_seqs, per_seq, spec.block_size, write_cache=True)
+        step = dummy_prefill_step(num_seqs, per_seq, self.block_size, write_cache=True)
         hidden = self.compute_hidden(step)
         self.model.compute_logits(hidden)
         torch.cuda.synchronize()
@@ -188,7 +188,7 @@ class ModelRunner:
         """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
         so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
         for q_len, num_seqs in ((32, 1), (2, 2)):
-            step = dummy_prefill_step(num_seqs, q_len, self.spec.block_size, write_cache=False)
+            step = dummy_prefill_step(num_seqs, q_len, self.block_size, write_cache=False)
             step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
             logits = self.model.compute_logits(self.compute_hidden(step))
             if logits is not None:

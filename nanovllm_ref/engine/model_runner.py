@@ -125,14 +125,15 @@ class ModelRunner:
         self._set_kv_cache(num_blocks)
         return num_blocks
 
-    def _set_kv_cache(self, num_blocks: int) -> None:
-        first = self.attn_layers[0].backend
-        self.kv_cache = torch.empty(
+    def _set_kv_cache(self, num_blocks: int | None) -> None:
+        """Allocate the cache and hand each layer its slice; None releases it."""
+        first = self.attn_layers[0].backend if self.attn_layers else None
+        self.kv_cache = None if num_blocks is None else torch.empty(
             len(self.attn_layers), 2, num_blocks, self.block_size, first.num_kv_heads, first.head_dim,
             dtype=self.kv_dtype, device=self.device,
         )
         for i, layer in enumerate(self.attn_layers):
-            layer.kv_cache = self.kv_cache[i]
+            layer.kv_cache = None if num_blocks is None else self.kv_cache[i]
 
     def _set_kv_scales(self) -> None:
         """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
@@ -169,16 +170,14 @@ class ModelRunner:
         hidden = self.compute_hidden(step)
         self.model.compute_logits(hidden)
         torch.cuda.synchronize()
-        del self.kv_cache, hidden
-        for layer in self.attn_layers:
-            layer.kv_cache = None
+        del hidden
+        self._set_kv_cache(None)
         torch.cuda.empty_cache()
 
     def shutdown(self) -> None:
         """Release the model, the KV cache and the graphs (the GPU memory is free for a next engine)."""
-        for layer in self.attn_layers:
-            layer.kv_cache = None
-        self.graphs = self.kv_cache = self.model = None
+        self._set_kv_cache(None)
+        self.graphs = self.model = None
         self.attn_layers = []
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -276,7 +275,8 @@ class ModelRunner:
     def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
         out = StepOutput()
         for seq_id, rows, targets, k in step.prompt_logprobs:
-            out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
+            targets = torch.tensor(targets, device=logits.device)
+            out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
         if not step.sample_seq_ids:
             return out
         sample_logits, packed, processed = self._sample_on_device(step, logits)
@@ -312,27 +312,24 @@ class ModelRunner:
             return out
         if k_max >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
-            chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max, scores)
-            chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()
+            entries = _logprob_dicts(sample_logits, tokens, step.num_logprobs, scores)
         for i, seq_id in enumerate(step.sample_seq_ids):
             if not finite_list[i]:
                 out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
                 continue
             out.sampled[seq_id] = tokens_list[i]
-            k = step.num_logprobs[i]
-            if k >= 0:
-                entry = dict(zip(ids[i][:k], values[i][:k]))
-                entry[tokens_list[i]] = chosen_lp[i]
-                out.logprobs[seq_id] = entry
+            if step.num_logprobs[i] >= 0:
+                out.logprobs[seq_id] = entries[i]
         return out
 
-    @staticmethod
-    def _logprob_dicts(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:
-        target = torch.tensor(targets, device=logits.device)
-        target_lp, ids, values = top_logprobs(logits, target, k)
-        dicts = []
-        for t, lp, row_ids, row_values in zip(targets, target_lp.tolist(), ids.tolist(), values.tolist()):
-            entry = dict(zip(row_ids, row_values))
-            entry[t] = lp
-            dicts.append(entry)
-        return dicts
+
+def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], scores: torch.Tensor | None = None,
+                   ) -> list[dict[int, float]]:
+    """Per row: its top-k logprobs (k = ks[row]; the row of a k < 0 is not to be read) and its target's."""
+    chosen_lp, ids, values = (x.tolist() for x in top_logprobs(logits, targets, max(ks), scores))
+    dicts = []
+    for i, (target, k) in enumerate(zip(targets.tolist(), ks)):
+        entry = dict(zip(ids[i][:k], values[i][:k]))
+        entry[target] = chosen_lp[i]
+        dicts.append(entry)
+    return dicts

@@ -143,18 +143,12 @@ def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int, write_cache: 
     """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups. With `write_cache`,
     sequence s owns blocks [s * n, (s + 1) * n) and its K/V is stored; otherwise every slot is -1 (nothing
     is written) and the block tables point at block 0."""
-    step = StepInput()
-    blocks_per_seq = -(-q_len // block_size)
-    for s in range(num_seqs):
-        table = list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) if write_cache else [0] * blocks_per_seq
-        step.input_ids += [0] * q_len
-        step.positions += range(q_len)
-        step.slot_mapping += (
-            [table[p // block_size] * block_size + p % block_size for p in range(q_len)] if write_cache
-            else [-1] * q_len
-        )
-        step.query_start_loc.append(step.query_start_loc[-1] + q_len)
-        step.seq_lens.append(q_len)
-        step.block_tables.append(table)
-        step.logits_indices.append(step.query_start_loc[-1] - 1)
+    n = -(-q_len // block_size)
+    tables = [list(range(s * n, (s + 1) * n)) if write_cache else [0] * n for s in range(num_seqs)]
+    ends = list(range(q_len, num_seqs * q_len + 1, q_len))
+    step = StepInput(query_start_loc=[0, *ends], seq_lens=[q_len] * num_seqs, block_tables=tables,
+                     logits_indices=[end - 1 for end in ends])
+    _token_columns(step, [0] * (num_seqs * q_len), [0] * num_seqs, block_size)
+    if not write_cache:
+        step.slot_mapping[:] = -1
     return step

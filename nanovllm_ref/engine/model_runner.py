@@ -248,17 +248,15 @@ class ModelRunner:
             taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
             taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
-        n = len(step.sample_seq_ids)
-        if logits is None:  # a TP rank other than 0: rank 0 samples, every rank keeps the tokens as next input ids
-            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
-            return Launched(step, broadcast_from_first_rank(tokens) if n else tokens, None, None)
-        if n:
-            _, packed, _ = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
-        else:  # prefill chunks only: nothing samples
-            packed = torch.empty(2, 0, dtype=torch.int64, device=self.device)
-        tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]
-        if self.device.type != "cuda":
-            return Launched(step, tokens, packed, None)
+        n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
+        # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
+        if logits is not None and n:
+            packed = self._sample_on_device(step, logits)[1]
+        else:
+            packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
+        tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        if logits is None or self.device.type != "cuda":
+            return Launched(step, tokens, None if logits is None else packed, None)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()

@@ -80,22 +80,19 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         runner = ModelRunner(spec, model_config)
         conn.send(("ready", runner.num_kvcache_blocks))
         launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
-        while True:
-            command, payload = pickle.loads(conn.recv_bytes())
-            if command == "exit":
-                break
+        while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
+            command, payload = message
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens
                 step, key, prev_key, rows, dst = payload
                 launched[key] = runner.launch(step, launched.get(prev_key), rows, dst)
-                continue
-            if command == "collect":  # rank 0 waits for the step and answers; the others only forget it
+            elif command == "collect":  # rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
                     conn.send(("output", runner.collect(item)))
-                continue
-            out = runner.execute(payload)
-            if rank == 0:
-                conn.send(("output", out))
+            else:  # execute: every rank runs the forward, rank 0 samples and answers
+                out = runner.execute(payload)
+                if rank == 0:
+                    conn.send(("output", out))
     except (KeyboardInterrupt, EOFError):
         pass
     except BaseException as e:
@@ -181,8 +178,7 @@ class TPExecutor:
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
     def execute(self, step: StepInput) -> StepOutput:
-        self._send_all(("execute", step))
-        return self._receive(range(1), COLLECTIVE_TIMEOUT.total_seconds() * 2)[0]
+        return self._ask_first_rank(("execute", step))
 
     def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
                dst: list[int] | None = None) -> TPLaunched:
@@ -194,7 +190,10 @@ class TPExecutor:
 
     def collect(self, launched: TPLaunched) -> StepOutput:
         """Rank 0's tokens of a launched step (the other ranks forget it)."""
-        self._send_all(("collect", launched.key))
+        return self._ask_first_rank(("collect", launched.key))
+
+    def _ask_first_rank(self, message: tuple) -> StepOutput:
+        self._send_all(message)
         return self._receive(range(1), COLLECTIVE_TIMEOUT.total_seconds() * 2)[0]
 
     def shutdown(self, graceful: bool = True) -> None:

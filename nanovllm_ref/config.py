@@ -10,11 +10,12 @@ size) are resolved into the RunnerSpec, never written back into the Config.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .sampling_params import check_bools, check_int
+from .sampling_params import check_bools, check_int, check_number
 
 if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument checks
     import torch
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument ch
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "auto": the model dtype; "fp8" = "fp8_e4m3" (vLLM's names)
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass(frozen=True)
@@ -53,36 +55,25 @@ class Config:
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"model must be a path to a local checkpoint folder, got {self.model!r}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        check_int("max_num_seqs", self.max_num_seqs, 1)
-        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        check_int("max_model_len", self.max_model_len, 1, none_ok=True)
+        for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("load_format", LOAD_FORMATS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name, low, high in (("max_num_seqs", 1, None), ("max_num_batched_tokens", 1, None),
+                                ("kvcache_block_size", 16, None), ("tensor_parallel_size", 1, 8), ("seed", 0, None)):
+            check_int(name, getattr(self, name), low, high)
+        for name in ("max_model_len", "num_kvcache_blocks", "cpu_threads"):
+            check_int(name, getattr(self, name), 1, none_ok=True)
         bs = self.kvcache_block_size
-        check_int("kvcache_block_size", bs, 16)
         if bs & (bs - 1):
             raise ValueError(f"kvcache_block_size must be a power of two >= 16, got {bs}")
-        check_int("num_kvcache_blocks", self.num_kvcache_blocks, 1, none_ok=True)
-        util = self.gpu_memory_utilization
-        if not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
-        gb = self.kv_cache_memory_gb
-        if not isinstance(gb, (int, float)) or not gb > 0:
-            raise ValueError(f"kv_cache_memory_gb must be > 0, got {gb!r}")
+        check_number("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        check_number("kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0, math.inf, low_open=True)
         check_bools(self, "enable_prefix_caching", "enforce_eager")
         if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
             raise ValueError(f"async_scheduling must be a bool or None (on CUDA only), got {self.async_scheduling!r}")
-        check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
-        check_int("seed", self.seed, 0)
-        check_int("cpu_threads", self.cpu_threads, 1, none_ok=True)
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> Config:
@@ -129,51 +120,34 @@ class ModelConfig:
     def from_hf(cls, hf: Any) -> ModelConfig:
         from .layers.rotary import rope_parameters
 
-        def get(name: str, default: Any = None) -> Any:
-            value = getattr(hf, name, None)
-            return default if value is None else value
-
-        heads, eos = hf.num_attention_heads, get("eos_token_id")
+        given = {f.name: v for f in dataclasses.fields(cls) if (v := getattr(hf, f.name, None)) is not None}
+        heads, eos = hf.num_attention_heads, given.get("eos_token_id")
         shared = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
-        return cls(
-            architectures=tuple(get("architectures", ())), vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size, num_hidden_layers=hf.num_hidden_layers,
-            num_attention_heads=heads, num_key_value_heads=get("num_key_value_heads", heads),
-            head_dim=get("head_dim") or hf.hidden_size // heads, rms_norm_eps=float(hf.rms_norm_eps),
-            max_position_embeddings=hf.max_position_embeddings,
-            rope_parameters=tuple(sorted(rope_parameters(hf).items())), hidden_act=get("hidden_act", "silu"),
-            attention_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)),
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-            sliding_window=get("sliding_window") if get("use_sliding_window", True) else None,
+        return cls(**{
+            **given, "architectures": tuple(given.get("architectures", ())),
+            "num_key_value_heads": given.get("num_key_value_heads", heads),
+            "head_dim": given.get("head_dim") or hf.hidden_size // heads, "rms_norm_eps": float(hf.rms_norm_eps),
+            "rope_parameters": tuple(sorted(rope_parameters(hf).items())),
+            "sliding_window": None if getattr(hf, "use_sliding_window", None) is False else given.get("sliding_window"),
             # `dtype` (transformers 5) or `torch_dtype` as stored: its property warns that it is deprecated
-            dtype=get("dtype") or vars(hf).get("torch_dtype"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-            num_experts=get("num_experts", 0), num_experts_per_tok=get("num_experts_per_tok", 0),
-            moe_intermediate_size=get("moe_intermediate_size", 0), norm_topk_prob=bool(get("norm_topk_prob", False)),
-            decoder_sparse_step=get("decoder_sparse_step", 1), mlp_only_layers=tuple(get("mlp_only_layers", ())),
-            shared_experts=tuple((n, getattr(hf, n)) for n in shared if getattr(hf, n, None)),
-        )
+            "dtype": given.get("dtype") or vars(hf).get("torch_dtype"),
+            "eos_token_id": tuple(eos) if isinstance(eos, list) else eos,
+            "mlp_only_layers": tuple(given.get("mlp_only_layers", ())),
+            "shared_experts": tuple((n, getattr(hf, n)) for n in shared if getattr(hf, n, None)),
+        })
 
 
 @dataclass(frozen=True)
 class RunnerSpec:
-    """What a runner needs to know, resolved by the engine (picklable, sent to TP workers)."""
+    """The Config as resolved for this checkpoint on this machine (picklable, sent to TP workers)."""
 
-    model_path: str
+    config: Config
     device: str
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the model's, or float8_e4m3fn (with per-head scales)
     backend: str
-    block_size: int
     max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    num_kvcache_blocks: int | None
-    kv_cache_memory_gb: float
-    gpu_memory_utilization: float
-    enforce_eager: bool
-    load_format: str = "auto"
-    kv_dtype: torch.dtype | None = None  # the KV cache's dtype (None: the model's); fp8 comes with per-head scales
-    cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
+    cpu_threads: int  # torch intra-op threads on the CPU
 
 
 def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
@@ -201,14 +175,9 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
     return RunnerSpec(
-        model_path=config.model, device=device, dtype=dtype,
-        kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
+        config, device, dtype, kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
         backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
-        block_size=config.kvcache_block_size,
-        max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
-        kv_cache_memory_gb=config.kv_cache_memory_gb, gpu_memory_utilization=config.gpu_memory_utilization,
-        enforce_eager=config.enforce_eager, load_format=config.load_format,
+        max_model_len=max_model_len,
         cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
 

@@ -34,18 +34,13 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def generate(
-        self,
-        prompts: Prompt | list[Prompt],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[RequestOutput]:
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
+                 ) -> list[RequestOutput]:
         """Generate for every prompt (a single one too); results come back in input order."""
         prompts = [_prompt(p) for p in _prompt_list(prompts)]
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if not isinstance(sampling_params, (list, tuple)) or len(sampling_params) != len(prompts):
             got = len(sampling_params) if isinstance(sampling_params, (list, tuple)) else sampling_params
             raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)}, got {got!r}")
@@ -64,16 +59,11 @@ class LLM:
         bar.close()
         return [results[i] for i in ids]
 
-    def chat(
-        self,
-        messages: list[dict] | list[list[dict]],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> list[RequestOutput]:
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict[str, Any] | None = None,
+             ) -> list[RequestOutput]:
         """Reply to one conversation or to each of a list, rendered with the checkpoint's chat template (or
         `chat_template`); as vLLM's `LLM.chat`."""
         if not isinstance(messages, (list, tuple)) or not messages:

@@ -44,7 +44,7 @@ def check_bools(obj: object, *names: str) -> None:
             raise ValueError(f"{name} must be a bool, got {getattr(obj, name)!r}")
 
 
-def _check_number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+def check_number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
     if not _is_number(value) or not (low < value if low_open else low <= value) or value > high:
         raise ValueError(f"{name} must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r}")
 
@@ -80,11 +80,11 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
         if not _is_int(self.top_k) or not (self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_INT32):
             raise ValueError(f"top_k must be an int: -1 or 0 (disabled) or in [1, {MAX_INT32}], got {self.top_k!r}")
-        _check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        _check_number("min_p", self.min_p, 0.0, 1.0)
-        _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e4, low_open=True)
+        check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_number("min_p", self.min_p, 0.0, 1.0)
+        check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e4, low_open=True)
         check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1, none_ok=True)
         check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
         check_int("min_tokens", self.min_tokens, 0, self.max_tokens)

@@ -25,10 +25,8 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(
-        self, model: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device,
-        max_num_seqs: int, max_model_len: int, block_size: int,
-    ) -> None:
+    def __init__(self, model: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device,
+                 max_num_seqs: int, max_model_len: int, block_size: int) -> None:
         self.sizes = capture_sizes(max_num_seqs)
         self.max_batch = self.sizes[-1]
         n, width = self.max_batch, -(-max_model_len // block_size)

@@ -34,6 +34,7 @@ is read (streamed: each step; otherwise once, when the request ends): the same i
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..sampling_params import SamplingParams
@@ -86,7 +87,8 @@ class IncrementalDetokenizer:
             self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self.last_added = False
         self.stream_state = self._new_stream()
-        self._pieces(prompt_context(self._decode, prompt_ids))
+        decode = partial((tokenizer if self.backend is None else self.backend).decode, skip_special_tokens=True)
+        self._pieces(prompt_context(decode, prompt_ids))
         self.last_added = False  # (the prompt's last token does not count, as in vLLM)
         self.num_fed = 0  # output tokens fed
         self.text = ""
@@ -94,11 +96,6 @@ class IncrementalDetokenizer:
         self.streamed = 0
         self.stopped = False  # a stop string ended the text
         self.finished = False
-
-    def _decode(self, ids: list[int]) -> str:
-        if self.backend is not None:
-            return self.backend.decode(ids, skip_special_tokens=True)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _new_stream(self) -> Any:
         if self.backend is None:

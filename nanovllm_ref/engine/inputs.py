@@ -9,7 +9,6 @@ per-sequence ones with a few vector operations; the runner stages them for the d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import numpy as np
 
@@ -79,49 +78,45 @@ class StepInput:
 
     @property
     def max_query_len(self) -> int:
-        q = self.query_start_loc
-        return max((q[i + 1] - q[i] for i in range(len(q) - 1)), default=0)
+        return int(np.diff(self.query_start_loc).max(initial=0))
 
 
 def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     if out.decode_batch is not None:  # a steady decode step: the same fields, from the batch's arrays
         return StepInput(**out.decode_batch.step_columns())
     step = StepInput()
-    input_ids, starts, seq_lens, logits_indices = [], [], step.seq_lens, step.logits_indices
-    sampling_rows = []
-    row = 0  # the sequence's first token row
+    input_ids, sampling_rows = [], []
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
         input_ids += seq.token_ids[start:end]
         if end > len(seq.token_ids):  # its last token is the step in flight's sample, on the device only
+            step.pending.append((len(input_ids), seq.seq_id))
             input_ids.append(-1)
-            step.pending.append((row + num_new - 1, seq.seq_id))
-        starts.append(start)
-        seq_lens.append(end)
+        step.query_start_loc.append(len(input_ids))
+        step.seq_lens.append(end)
         step.block_tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
-            _add_prompt_logprobs(step, seq, start, end, row)
-        row += num_new
+            _add_prompt_logprobs(step, seq, start, end, step.query_start_loc[-2])
         if out.samples(seq, num_new):
             if seq.needs_processing:
                 step.processed.append(seq.processed_row(len(sampling_rows)))
-            sampling_rows.append(seq.sampling_row + (len(logits_indices), end))
-            logits_indices.append(row - 1)
+            sampling_rows.append(seq.sampling_row + (len(step.logits_indices), end))
+            step.logits_indices.append(len(input_ids) - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence
         (step.sample_seq_ids, step.temperature, step.top_k, step.top_p, step.seeds, step.num_logprobs,
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))
-    step.query_start_loc = [0, *accumulate(map(int.__sub__, seq_lens, starts))]
-    _token_columns(step, input_ids, starts, block_size)
+    _token_columns(step, input_ids, block_size)
     return step
 
 
-def _token_columns(step: StepInput, input_ids: list[int], starts: list[int], block_size: int) -> None:
+def _token_columns(step: StepInput, input_ids: list[int], block_size: int) -> None:
     """input_ids, positions and slot_mapping as int64 arrays, and the zero-padded block-table array."""
     table_array = step.padded_block_tables()
     q = np.array(step.query_start_loc, np.int64)
     lens = np.diff(q)
     seq_of_token = np.repeat(np.arange(len(table_array)), lens)  # (num_tokens,)
-    positions = np.arange(q[-1]) + np.repeat(np.array(starts, np.int64) - q[:-1], lens)
+    # a sequence's token i is at position seq_len - len + i: its row q[s] + i plus seq_len - q[s + 1]
+    positions = np.arange(q[-1]) + np.repeat(np.array(step.seq_lens, np.int64) - q[1:], lens)
     slots = table_array[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     step.input_ids = np.fromiter(input_ids, np.int64, len(input_ids))  # (faster than np.array from a list)
     step.positions, step.slot_mapping = positions, slots
@@ -143,18 +138,12 @@ def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int, write_cache: 
     """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups. With `write_cache`,
     sequence s owns blocks [s * n, (s + 1) * n) and its K/V is stored; otherwise every slot is -1 (nothing
     is written) and the block tables point at block 0."""
-    step = StepInput()
-    blocks_per_seq = -(-q_len // block_size)
-    for s in range(num_seqs):
-        table = list(range(s * blocks_per_seq, (s + 1) * blocks_per_seq)) if write_cache else [0] * blocks_per_seq
-        step.input_ids += [0] * q_len
-        step.positions += range(q_len)
-        step.slot_mapping += (
-            [table[p // block_size] * block_size + p % block_size for p in range(q_len)] if write_cache
-            else [-1] * q_len
-        )
-        step.query_start_loc.append(step.query_start_loc[-1] + q_len)
-        step.seq_lens.append(q_len)
-        step.block_tables.append(table)
-        step.logits_indices.append(step.query_start_loc[-1] - 1)
+    n = -(-q_len // block_size)
+    tables = [list(range(s * n, (s + 1) * n)) if write_cache else [0] * n for s in range(num_seqs)]
+    ends = list(range(q_len, num_seqs * q_len + 1, q_len))
+    step = StepInput(query_start_loc=[0, *ends], seq_lens=[q_len] * num_seqs, block_tables=tables,
+                     logits_indices=[end - 1 for end in ends])
+    _token_columns(step, [0] * (num_seqs * q_len), block_size)
+    if not write_cache:
+        step.slot_mapping[:] = -1
     return step

@@ -54,9 +54,9 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else (
             self.spec.device == "cuda")
-        self.primary_eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        self.primary_eos = getattr(self.tokenizer, "eos_token_id", None)  # (None without a tokenizer)
         if self.primary_eos is None:
-            eos = getattr(self.hf_config, "eos_token_id", None)
+            eos = self.model_config.eos_token_id
             self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
         if config.tensor_parallel_size > 1:
@@ -120,9 +120,7 @@ class LLMEngine:
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return token_ids
 
-    def add_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> str:
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
         """Validate and add a request; returns its id."""
         return self.add_validated(self.validate_request(prompt, params), params, request_id)
 
@@ -144,12 +142,10 @@ class LLMEngine:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
             if params.stop:
                 self._with_stop_strings[seq.seq_id] = seq
-            if seqs:
-                seq.prefill_after, seq.group = seqs[0], seqs
+            seq.prefill_after = seqs[0] if seqs else None
             seqs.append(seq)
-        if params.n > 1:
-            seqs[0].group = seqs
         for seq in seqs:
+            seq.group = seqs if params.n > 1 else None
             self.scheduler.add(seq)
             self._by_seq_id[seq.seq_id] = seq
         self.requests[request_id] = seqs[0]
@@ -327,18 +323,16 @@ class LLMEngine:
         """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
         the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
         one `step` just returned."""
-        if seq.detokenizer is None:
-            return ""
-        feed(seq)
         if seq.is_finished:
-            seq.detokenizer.finish()
-        return seq.detokenizer.stream()
+            self._text(seq)
+        else:
+            feed(seq)
+        return "" if seq.detokenizer is None else seq.detokenizer.stream()
 
     def _text(self, seq: Sequence) -> str:
-        if seq.detokenizer is None:  # no tokenizer: no text (token ids only), as vLLM
-            return ""
+        """The sample's final text (no tokenizer: no text, token ids only, as vLLM)."""
         feed(seq)
-        return seq.detokenizer.finish()
+        return "" if seq.detokenizer is None else seq.detokenizer.finish()
 
     def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:
         """Whether ending on `token` reports it as the stop reason: a stop token id, or an EOS id other than the

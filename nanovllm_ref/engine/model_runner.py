@@ -70,12 +70,12 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: l
 
 class ModelRunner:
     def __init__(self, spec: RunnerSpec, model_config: ModelConfig) -> None:
-        self.spec, self.model_config = spec, model_config
+        self.spec, self.model_config, self.block_size = spec, model_config, spec.config.kvcache_block_size
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
         backend_cls = get_backend_class(spec.backend)
-        backend_cls.check_supported(spec.device, spec.block_size, model_config.head_dim)
+        backend_cls.check_supported(spec.device, self.block_size, model_config.head_dim)
         if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
             raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")
         default_dtype = torch.get_default_dtype()
@@ -85,21 +85,21 @@ class ModelRunner:
                 self.model = get_model_class(model_config)(model_config, backend_cls)
         finally:
             torch.set_default_dtype(default_dtype)
-        if spec.load_format == "dummy":
+        if spec.config.load_format == "dummy":
             init_dummy_weights(self.model, seed=0)
         else:
-            load_weights(self.model, spec.model_path)
+            load_weights(self.model, spec.config.model)
         self.graphs: DecodeGraphs | None = None
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.kv_dtype = spec.kv_dtype or spec.dtype
+        self.kv_dtype = spec.kv_dtype
         if self.kv_dtype == FP8:
             self._set_kv_scales()
         self.num_kvcache_blocks = self._allocate_kv_cache()
-        if self.device.type == "cuda" and not spec.enforce_eager:
+        if self.device.type == "cuda" and not spec.config.enforce_eager:
             self.graphs = DecodeGraphs(
-                self.model, model_config.hidden_size, spec.dtype, self.device, spec.max_num_seqs,
-                spec.max_model_len, spec.block_size,
+                self.model, model_config.hidden_size, spec.dtype, self.device, spec.config.max_num_seqs,
+                spec.max_model_len, self.block_size,
             )
         if self.device.type == "cuda":
             self._compile_warmup()
@@ -107,17 +107,17 @@ class ModelRunner:
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
         per_token = 2 * first.num_kv_heads * first.head_dim * self.kv_dtype.itemsize
-        return per_token * self.spec.block_size * len(self.attn_layers)
+        return per_token * self.block_size * len(self.attn_layers)
 
     def _allocate_kv_cache(self) -> int:
         spec = self.spec
-        if spec.num_kvcache_blocks is not None:
-            num_blocks = spec.num_kvcache_blocks
+        if spec.config.num_kvcache_blocks is not None:
+            num_blocks = spec.config.num_kvcache_blocks
         elif self.device.type == "cuda":
             num_blocks = self._blocks_from_gpu_memory()
         else:
-            num_blocks = int(spec.kv_cache_memory_gb * 2**30) // self._block_bytes()
-            useful = spec.max_num_seqs * -(-spec.max_model_len // spec.block_size)
+            num_blocks = int(spec.config.kv_cache_memory_gb * 2**30) // self._block_bytes()
+            useful = spec.config.max_num_seqs * -(-spec.max_model_len // self.block_size)
             num_blocks = min(num_blocks, useful)  # more than every sequence at full length is never used
         num_blocks = all_reduce_min(num_blocks, self.device)
         if num_blocks < 1:
@@ -125,20 +125,21 @@ class ModelRunner:
         self._set_kv_cache(num_blocks)
         return num_blocks
 
-    def _set_kv_cache(self, num_blocks: int) -> None:
-        first = self.attn_layers[0].backend
-        self.kv_cache = torch.empty(
-            len(self.attn_layers), 2, num_blocks, self.spec.block_size, first.num_kv_heads, first.head_dim,
+    def _set_kv_cache(self, num_blocks: int | None) -> None:
+        """Allocate the cache and hand each layer its slice; None releases it."""
+        first = self.attn_layers[0].backend if self.attn_layers else None
+        self.kv_cache = None if num_blocks is None else torch.empty(
+            len(self.attn_layers), 2, num_blocks, self.block_size, first.num_kv_heads, first.head_dim,
             dtype=self.kv_dtype, device=self.device,
         )
         for i, layer in enumerate(self.attn_layers):
-            layer.kv_cache = self.kv_cache[i]
+            layer.kv_cache = None if num_blocks is None else self.kv_cache[i]
 
     def _set_kv_scales(self) -> None:
         """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
         first = self.attn_layers[0].backend
         total = self.model_config.num_key_value_heads
-        scales = kv_scales_from_checkpoint(self.spec.model_path, len(self.attn_layers), total)
+        scales = kv_scales_from_checkpoint(self.spec.config.model, len(self.attn_layers), total)
         heads = rank_kv_heads(total, first.num_kv_heads, tp_rank(), tp_size())
         self.kv_scales = scales[:, :, heads].to(self.device)  # (num_layers, 2, local kv_heads)
         for i, layer in enumerate(self.attn_layers):
@@ -153,7 +154,7 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated()
         # vLLM's meaning: this engine's share of the GPU, whatever other processes hold (engines side by side, as
         # the conformance runs start them, each get theirs) ...
-        share = total * self.spec.gpu_memory_utilization - peak
+        share = total * self.spec.config.gpu_memory_utilization - peak
         # ... but never more than is there: free memory plus what this process's allocator holds unused
         there = free + torch.cuda.memory_reserved() - peak
         return int(min(share, there)) // self._block_bytes()
@@ -161,24 +162,22 @@ class ModelRunner:
     @torch.inference_mode()
     def _warmup(self) -> None:
         spec = self.spec
-        num_seqs = min(spec.max_num_seqs, spec.max_num_batched_tokens)
-        per_seq = min(spec.max_num_batched_tokens // num_seqs, spec.max_model_len)
-        blocks_per_seq = -(-per_seq // spec.block_size)
+        num_seqs = min(spec.config.max_num_seqs, spec.config.max_num_batched_tokens)
+        per_seq = min(spec.config.max_num_batched_tokens // num_seqs, spec.max_model_len)
+        blocks_per_seq = -(-per_seq // self.block_size)
         self._set_kv_cache(num_seqs * blocks_per_seq)
-        step = dummy_prefill_step(num_seqs, per_seq, spec.block_size, write_cache=True)
+        step = dummy_prefill_step(num_seqs, per_seq, self.block_size, write_cache=True)
         hidden = self.compute_hidden(step)
         self.model.compute_logits(hidden)
         torch.cuda.synchronize()
-        del self.kv_cache, hidden
-        for layer in self.attn_layers:
-            layer.kv_cache = None
+        del hidden
+        self._set_kv_cache(None)
         torch.cuda.empty_cache()
 
     def shutdown(self) -> None:
         """Release the model, the KV cache and the graphs (the GPU memory is free for a next engine)."""
-        for layer in self.attn_layers:
-            layer.kv_cache = None
-        self.graphs = self.kv_cache = self.model = None
+        self._set_kv_cache(None)
+        self.graphs = self.model = None
         self.attn_layers = []
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -188,7 +187,7 @@ class ModelRunner:
         """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
         so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
         for q_len, num_seqs in ((32, 1), (2, 2)):
-            step = dummy_prefill_step(num_seqs, q_len, self.spec.block_size, write_cache=False)
+            step = dummy_prefill_step(num_seqs, q_len, self.block_size, write_cache=False)
             step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
             logits = self.model.compute_logits(self.compute_hidden(step))
             if logits is not None:
@@ -249,17 +248,15 @@ class ModelRunner:
             taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
             taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
-        n = len(step.sample_seq_ids)
-        if logits is None:  # a TP rank other than 0: rank 0 samples, every rank keeps the tokens as next input ids
-            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
-            return Launched(step, broadcast_from_first_rank(tokens) if n else tokens, None, None)
-        if n:
-            _, packed, _ = self._sample_on_device(step, logits)  # (2, n): tokens, finite flags
-        else:  # prefill chunks only: nothing samples
-            packed = torch.empty(2, 0, dtype=torch.int64, device=self.device)
-        tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]
-        if self.device.type != "cuda":
-            return Launched(step, tokens, packed, None)
+        n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
+        # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
+        if logits is not None and n:
+            packed = self._sample_on_device(step, logits)[1]
+        else:
+            packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
+        tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        if logits is None or self.device.type != "cuda":
+            return Launched(step, tokens, None if logits is None else packed, None)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()
@@ -276,7 +273,8 @@ class ModelRunner:
     def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
         out = StepOutput()
         for seq_id, rows, targets, k in step.prompt_logprobs:
-            out.prompt_logprobs[seq_id] = self._logprob_dicts(logits[rows], targets, k)
+            targets = torch.tensor(targets, device=logits.device)
+            out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
         if not step.sample_seq_ids:
             return out
         sample_logits, packed, processed = self._sample_on_device(step, logits)
@@ -312,27 +310,24 @@ class ModelRunner:
             return out
         if k_max >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
-            chosen_lp, ids, values = top_logprobs(sample_logits, tokens, k_max, scores)
-            chosen_lp, ids, values = chosen_lp.tolist(), ids.tolist(), values.tolist()
+            entries = _logprob_dicts(sample_logits, tokens, step.num_logprobs, scores)
         for i, seq_id in enumerate(step.sample_seq_ids):
             if not finite_list[i]:
                 out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
                 continue
             out.sampled[seq_id] = tokens_list[i]
-            k = step.num_logprobs[i]
-            if k >= 0:
-                entry = dict(zip(ids[i][:k], values[i][:k]))
-                entry[tokens_list[i]] = chosen_lp[i]
-                out.logprobs[seq_id] = entry
+            if step.num_logprobs[i] >= 0:
+                out.logprobs[seq_id] = entries[i]
         return out
 
-    @staticmethod
-    def _logprob_dicts(logits: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:
-        target = torch.tensor(targets, device=logits.device)
-        target_lp, ids, values = top_logprobs(logits, target, k)
-        dicts = []
-        for t, lp, row_ids, row_values in zip(targets, target_lp.tolist(), ids.tolist(), values.tolist()):
-            entry = dict(zip(row_ids, row_values))
-            entry[t] = lp
-            dicts.append(entry)
-        return dicts
+
+def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], scores: torch.Tensor | None = None,
+                   ) -> list[dict[int, float]]:
+    """Per row: its top-k logprobs (k = ks[row]; the row of a k < 0 is not to be read) and its target's."""
+    chosen_lp, ids, values = (x.tolist() for x in top_logprobs(logits, targets, max(ks), scores))
+    dicts = []
+    for i, (target, k) in enumerate(zip(targets.tolist(), ks)):
+        entry = dict(zip(ids[i][:k], values[i][:k]))
+        entry[target] = chosen_lp[i]
+        dicts.append(entry)
+    return dicts

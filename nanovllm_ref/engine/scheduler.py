@@ -42,14 +42,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        eos_token_ids: frozenset[int] = frozenset(),
-    ) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -87,7 +81,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        return self._observed(self._schedule)
+        """The steady decode step through the DecodeBatch, else the general path's step."""
+        return self._observed(lambda: self._schedule_decodes() or self._schedule_general())
 
     def _observed(self, make: Callable[[], SchedulerOutput]) -> SchedulerOutput:
         if self.on_schedule is None:
@@ -96,10 +91,6 @@ class Scheduler:
         out = make()
         self.on_schedule(self, out, waiting)
         return out
-
-    def _schedule(self) -> SchedulerOutput:
-        fast = self._schedule_decodes()
-        return fast if fast is not None else self._schedule_general()
 
     def _schedule_general(self) -> SchedulerOutput:
         self._decode_batch = None  # a general step changes what the batch mirrors

@@ -21,7 +21,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
@@ -80,22 +80,19 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         runner = ModelRunner(spec, model_config)
         conn.send(("ready", runner.num_kvcache_blocks))
         launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
-        while True:
-            command, payload = pickle.loads(conn.recv_bytes())
-            if command == "exit":
-                break
+        while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
+            command, payload = message
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens
                 step, key, prev_key, rows, dst = payload
                 launched[key] = runner.launch(step, launched.get(prev_key), rows, dst)
-                continue
-            if command == "collect":  # rank 0 waits for the step and answers; the others only forget it
+            elif command == "collect":  # rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
                     conn.send(("output", runner.collect(item)))
-                continue
-            out = runner.execute(payload)
-            if rank == 0:
-                conn.send(("output", out))
+            else:  # execute: every rank runs the forward, rank 0 samples and answers
+                out = runner.execute(payload)
+                if rank == 0:
+                    conn.send(("output", out))
     except (KeyboardInterrupt, EOFError):
         pass
     except BaseException as e:
@@ -132,39 +129,34 @@ class TPExecutor:
             self.procs.append(proc)
         self._closed = False
         self._next_key = 0
-        self._stash: dict[int, tuple[str, Any]] = {}  # a message read from a rank before its turn
         atexit.register(self.shutdown)
-        replies = [self._receive(rank, STARTUP_TIMEOUT_S) for rank in range(tp)]
-        self.num_kvcache_blocks = replies[0]
+        self.num_kvcache_blocks = self._receive(range(tp), STARTUP_TIMEOUT_S)[0]
 
-    def _receive(self, rank: int, timeout_s: float) -> Any:
-        """Rank `rank`'s next reply; raises RuntimeError naming the rank if any worker fails or dies first.
-        A peer's message seen while waiting is kept for its own turn (e.g. rank 1 ready before rank 0)."""
+    def _receive(self, ranks: range, timeout_s: float) -> list[Any]:
+        """The next reply of each of `ranks`, in rank order. Every worker is watched meanwhile: an error it reports
+        or its death raises WorkersFailed naming the rank, as does a reply missing after `timeout_s`."""
+        replies: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
-        while rank not in self._stash and not self.conns[rank].poll(0.2):
-            for r, (proc, conn) in enumerate(zip(self.procs, self.conns)):
-                if r != rank and r not in self._stash and (conn.poll() or not proc.is_alive()):
-                    self._stash[r] = self._take(r)
-                    self._raise_for(r, *self._stash[r])  # an error or a death fails now; a reply waits its turn
-            if time.monotonic() > deadline:
-                self._fail(f"tensor-parallel worker rank {rank} did not answer within {timeout_s:.0f} s")
-        kind, payload = self._take(rank)
-        self._raise_for(rank, kind, payload)
-        return payload
+        while len(replies) < len(ranks):
+            ready = wait([*self.conns, *(p.sentinel for p in self.procs)], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                late = min(set(ranks) - set(replies))
+                self._fail(f"tensor-parallel worker rank {late} did not answer within {timeout_s:.0f} s")
+            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
+                if conn in ready or proc.sentinel in ready:  # (a reply is read before the death that may follow)
+                    kind, payload = self._take(conn) if conn in ready else ("died", None)
+                    if kind in ("died", "error"):
+                        why = f"failed: {payload}" if kind == "error" else f"died (exit code {proc.exitcode})"
+                        self._fail(f"tensor-parallel worker rank {rank} {why}")
+                    replies[rank] = payload
+        return [replies[r] for r in ranks]
 
-    def _take(self, rank: int) -> tuple[str, Any]:
-        if rank in self._stash:
-            return self._stash.pop(rank)
+    @staticmethod
+    def _take(conn: Connection) -> tuple[str, Any]:
         try:
-            return self.conns[rank].recv()
+            return conn.recv()
         except (EOFError, OSError):  # its end of the pipe closed: the process is gone
             return "died", None
-
-    def _raise_for(self, rank: int, kind: str, payload: Any) -> None:
-        if kind == "died":
-            self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
-        if kind == "error":
-            self._fail(f"tensor-parallel worker rank {rank} failed: {payload}")
 
     def _fail(self, message: str) -> None:
         """Raise `message`, led by the root cause when it is another worker's death (its peers then fail
@@ -186,8 +178,7 @@ class TPExecutor:
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
     def execute(self, step: StepInput) -> StepOutput:
-        self._send_all(("execute", step))
-        return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
+        return self._ask_first_rank(("execute", step))
 
     def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
                dst: list[int] | None = None) -> TPLaunched:
@@ -199,8 +190,11 @@ class TPExecutor:
 
     def collect(self, launched: TPLaunched) -> StepOutput:
         """Rank 0's tokens of a launched step (the other ranks forget it)."""
-        self._send_all(("collect", launched.key))
-        return self._receive(0, COLLECTIVE_TIMEOUT.total_seconds() * 2)
+        return self._ask_first_rank(("collect", launched.key))
+
+    def _ask_first_rank(self, message: tuple) -> StepOutput:
+        self._send_all(message)
+        return self._receive(range(1), COLLECTIVE_TIMEOUT.total_seconds() * 2)[0]
 
     def shutdown(self, graceful: bool = True) -> None:
         if self._closed:

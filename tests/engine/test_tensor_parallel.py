@@ -80,29 +80,32 @@ def test_killed_worker_is_reported_within_30s_and_nothing_is_left(victim):
 
 
 class _Alive:
+    """A worker process that stays alive: its sentinel (the read end of a pipe nobody writes to) never fires."""
+
     exitcode = None
 
-    def is_alive(self) -> bool:
-        return True
+    def __init__(self) -> None:
+        self.sentinel, self._keep = multiprocessing.Pipe(duplex=False)
 
 
 def test_a_peer_reply_seen_early_is_kept_for_its_turn():
     """Rank 1 answers before rank 0: waiting for rank 0 must not drop rank 1's reply (it used to be read and
-    thrown away, and the engine then waited for rank 1 until the startup timeout: an intermittent CI hang)."""
+    thrown away, and the engine then waited for rank 1 until the startup timeout: an intermittent CI hang); while
+    rank 0's reply is awaited, another rank's error fails at once, naming it."""
     import threading
 
     from nanovllm_ref.engine.workers import TPExecutor
 
     executor = TPExecutor.__new__(TPExecutor)  # no processes: pipes stand in for the workers
     pipes = [multiprocessing.Pipe() for _ in range(2)]
-    executor.conns, executor.procs, executor._stash, executor._closed = [p for p, _ in pipes], [_Alive()] * 2, {}, True
+    executor.conns, executor.procs, executor._closed = [p for p, _ in pipes], [_Alive(), _Alive()], True
     pipes[1][1].send(("ready", 11))
     threading.Timer(0.5, pipes[0][1].send, args=(("ready", 10),)).start()
-    assert [executor._receive(rank, 10) for rank in range(2)] == [10, 11]
+    assert executor._receive(range(2), 10) == [10, 11]
     pipes[1][1].send(("error", "boom"))
     threading.Timer(0.5, pipes[0][1].send, args=(("output", 0),)).start()
     with pytest.raises(RuntimeError, match="rank 1 failed: boom"):
-        executor._receive(0, 10)
+        executor._receive(range(1), 10)
 
 
 def test_tp2_async_scheduling_matches_tp1():

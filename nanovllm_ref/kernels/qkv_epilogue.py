@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from ._triton_common import tl, triton
 from .rmsnorm import rms_norm_reference
 from .rotary import apply_rotary_reference
 from .store_kv import store_kv_reference
-
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def qkv_epilogue_reference(

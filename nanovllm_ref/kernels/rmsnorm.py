@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import tl, triton
 
 
 def rms_norm_reference(

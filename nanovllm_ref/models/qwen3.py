@@ -48,28 +48,14 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        qkv = self.qkv_proj(x)  # (num_tokens, q_size + 2 * kv_size)
-        if self.attn.fuses_epilogue(qkv):
-            norm = self.q_norm is not None
-            out = self.attn.forward_packed(
-                qkv, positions, self.rotary.cos_sin_cache, self.q_norm.weight if norm else None,
-                self.k_norm.weight if norm else None, self.q_norm.eps if norm else 0.0,
-            )
-            return self.o_proj(out.reshape(n, q_size))
-        if qkv.is_cuda:
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            v = v.view(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
-            q = q.reshape(n, self.num_heads, d)  # (num_tokens, num_heads, head_dim)
-            k = k.reshape(n, self.num_kv_heads, d)  # (num_tokens, num_kv_heads, head_dim)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary(positions, q, k)
+        qkv = self.qkv_proj(x)  # (num_tokens, (heads + 2 * kv_heads) * head_dim)
+        if self.attn.fuses_epilogue(qkv):  # q/k norm, RoPE and the KV store in one kernel
+            out = self.attn.forward_packed(qkv, positions, self.rotary.cos_sin_cache, self.q_norm, self.k_norm)
         else:  # the references once over queries and keys side by side: half the small ops of a CPU step
             heads, qk_heads = qkv.view(n, -1, d), self.num_heads + self.num_kv_heads  # (num_tokens, all heads, d)
             (q, k), v = self._cpu_qk(positions, heads[:, :qk_heads]), heads[:, qk_heads:]
-        out = self.attn(q, k, v)  # (num_tokens, num_heads, head_dim)
-        return self.o_proj(out.reshape(n, q_size))
+            out = self.attn(q, k, v)  # (num_tokens, num_heads, head_dim)
+        return self.o_proj(out.reshape(n, self.num_heads * d))
 
     def _cpu_qk(self, positions: torch.Tensor, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # qk (num_tokens, num_heads + num_kv_heads, head_dim): every row is normed and rotated on its own

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
-from .kv_quant import dequantize_kv, split_scales
+from .kv_quant import dequantize_kv
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ def prefill_attention_reference(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
     out = torch.empty_like(q)
-    k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
+    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)  # (num_kv_heads,) each
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..kernels.kv_quant import FP8, dequantize_kv, quantize_kv
+from ..kernels.kv_quant import FP8, dequantize_kv, quantize_kv, split_scales
 from ..kernels.store_kv import store_kv_reference
 from .base import AttentionBackend
 from .metadata import AttentionMetadata
@@ -171,7 +171,7 @@ class SdpaBackend(AttentionBackend):
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         if self.kv_scales is not None:  # attention reads what is stored: the fp8 values, dequantized
-            k_scale, v_scale = self.kv_scales
+            k_scale, v_scale = split_scales(self.kv_scales)
             k, v = quantize_kv(k, k_scale), quantize_kv(v, v_scale)
             self.step_kv = (dequantize_kv(k, k_scale), dequantize_kv(v, v_scale))
             k, v, k_cache, v_cache = (x.view(torch.uint8) for x in (k, v, k_cache, v_cache))
@@ -219,7 +219,7 @@ class SdpaBackend(AttentionBackend):
         head on `heads_axis`."""
         if self.kv_scales is None:
             return rows.float()
-        return dequantize_kv(rows.view(FP8), self.kv_scales[which], heads_axis)
+        return dequantize_kv(rows.view(FP8), split_scales(self.kv_scales)[which], heads_axis)
 
     def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:

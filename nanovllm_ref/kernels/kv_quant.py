@@ -42,6 +42,11 @@ def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, heads_axis: int = -2) ->
     return x.float() * scale.view(shape)
 
 
+def split_scales(kv_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's (2, kv_heads) scales -> (K scales, V scales), each (kv_heads,)."""
+    return kv_scales[0], kv_scales[1]
+
+
 def kv_scales_from_checkpoint(path: str, num_layers: int, num_kv_heads: int) -> torch.Tensor:
     """(num_layers, 2, num_kv_heads) float32 scales of every layer's K and V: the checkpoint's, else 1.0."""
     from safetensors import safe_open
@@ -59,6 +64,7 @@ def kv_scales_from_checkpoint(path: str, num_layers: int, num_kv_heads: int) -> 
                                      f"one per KV head ({num_kv_heads}), got {t.tolist()}")
                 scales[int(m[1]), "kv".index(m[2])] = t
     return scales
+
 
 
 def rank_kv_heads(total: int, local: int, rank: int, tp: int) -> list[int]:

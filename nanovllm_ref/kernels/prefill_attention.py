@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
-from .kv_quant import dequantize_kv
+from .kv_quant import dequantize_kv, split_scales
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ def prefill_attention_reference(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
     out = torch.empty_like(q)
-    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)  # (num_kv_heads,) each
+    k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -173,7 +173,6 @@ def prefill_attention(
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
-    tile_config: dict[str, int] | None = None,  # override prefill_tile_config (benchmark sweeps)
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
@@ -189,9 +188,6 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
     cfg = prefill_tile_config(head_dim, q.dtype, group, max_query_len)
-    if tile_config is not None:  # e.g. {"BLOCK_N": 32, "num_stages": 2}; BLOCK_M follows BLOCK_Q x BLOCK_G
-        cfg.update(tile_config)
-        cfg["BLOCK_M"] = cfg["BLOCK_Q"] * cfg["BLOCK_G"]
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,

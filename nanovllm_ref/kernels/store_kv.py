@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import tl, triton, upcast_dots
-from .kv_quant import quantize_kv
+from .kv_quant import quantize_kv, split_scales
 
 
 def store_kv_reference(
@@ -36,7 +36,7 @@ def store_kv_reference(
     slots = slot_mapping[valid].long()
     key, value = key[valid], value[valid]
     if kv_scales is not None:
-        k_scale, v_scale = kv_scales
+        k_scale, v_scale = split_scales(kv_scales)
         key, value = quantize_kv(key, k_scale), quantize_kv(value, v_scale)
     k_cache.view(-1, *k_cache.shape[2:])[slots] = key.to(k_cache.dtype)
     v_cache.view(-1, *v_cache.shape[2:])[slots] = value.to(v_cache.dtype)

@@ -176,7 +176,6 @@ def prefill_attention(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
-    assert triton is not None, "prefill_attention needs triton; use prefill_attention_reference"
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0

@@ -131,7 +131,6 @@ def qkv_epilogue(
     slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim), qkv's dtype
     """Triton version of `qkv_epilogue_reference` (same arguments). CUDA-graph safe: no host sync."""
-    assert triton is not None, "qkv_epilogue needs triton; use qkv_epilogue_reference"
     n, d = qkv.shape[0], k_cache.shape[-1]
     assert qkv.shape[1] == (num_heads + 2 * num_kv_heads) * d and qkv.stride(1) == 1 and d % 2 == 0
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.shape[2] == num_kv_heads

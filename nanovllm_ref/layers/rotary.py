@@ -59,5 +59,3 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, params)
         self.register_buffer("cos_sin_cache", rope_cos_sin_cache(inv_freq, max_positions), persistent=False)
-        # layers with equal keys have equal tables: a CPU step shares its per-token factors among them
-        self.table_key = ("rope", head_dim, max_positions, repr(sorted(params.items())))

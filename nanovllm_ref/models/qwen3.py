@@ -27,7 +27,8 @@ CPU_BLOCK_BYTES = 256 * 1024
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict,
+                 rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -39,7 +40,7 @@ class DecoderAttention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
-        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, dict(cfg.rope_parameters))
+        self.rotary = rotary  # one table for all layers
         scale = self.head_dim**-0.5
         self.attn = Attention(backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, scale))
 
@@ -57,9 +58,9 @@ class DecoderAttention(nn.Module):
     def _cpu_qk(self, positions: torch.Tensor, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # qk (num_tokens, num_heads + num_kv_heads, head_dim): every row is normed and rotated on its own
         derived = get_forward_context().derived  # the step's RoPE factors, made by its first layer for all
-        cos, sin = derived.get(self.rotary.table_key) or (None, None)
+        cos, sin = derived.get("rope") or (None, None)
         if cos is None:
-            cos, sin = derived[self.rotary.table_key] = rotary_tables(positions, self.rotary.cos_sin_cache, qk.dtype)
+            cos, sin = derived["rope"] = rotary_tables(positions, self.rotary.cos_sin_cache, qk.dtype)
         weight = self._qk_norm_weight() if self.q_norm is not None else None
         # ~8 full passes over the rows, memory bound: a prompt step runs them a cache-sized block of tokens at a time
         rows = max(1, CPU_BLOCK_BYTES // (qk.shape[1] * qk.shape[2] * qk.element_size()))
@@ -98,9 +99,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict, mlp: nn.Module) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict, rotary: RotaryEmbedding,
+                 mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, backend_cls, flags)
+        self.self_attn = DecoderAttention(cfg, backend_cls, flags, rotary)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -148,7 +150,9 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.check_config(cfg)
         flags = self.arch_flags(cfg)
-        layers = [DecoderLayer(cfg, backend_cls, flags, self.make_mlp(cfg, i, flags))
+        # one RoPE table shared by the layers (Qwen3-0.6B: 40,960 positions x 128 float32 = 21 MB, not 28 x that)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, dict(cfg.rope_parameters))
+        layers = [DecoderLayer(cfg, backend_cls, flags, rotary, self.make_mlp(cfg, i, flags))
                   for i in range(cfg.num_hidden_layers)]
         self.model = DecoderModel(cfg, layers)
         self.tie_word_embeddings = cfg.tie_word_embeddings

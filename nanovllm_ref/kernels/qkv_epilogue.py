@@ -39,8 +39,7 @@ def qkv_epilogue_reference(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim)
     n, d = qkv.shape[0], k_cache.shape[-1]
-    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q, k, v = q.reshape(n, num_heads, d), k.reshape(n, num_kv_heads, d), v.reshape(n, num_kv_heads, d)
+    q, k, v = qkv.reshape(n, -1, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)  # (n, heads, d) each
     if q_weight is not None:
         q, k = rms_norm_reference(q, q_weight, eps), rms_norm_reference(k, k_weight, eps)
     q, k = apply_rotary_reference(q, positions, cos_sin_cache), apply_rotary_reference(k, positions, cos_sin_cache)

@@ -110,10 +110,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        if param.dim() == 1:  # the bias is added once, after the reduction
-            check_shape(param, loaded, param.shape)
-            param.data.copy_(loaded)
-            return
+        if param.dim() == 1:  # the bias is added once, after the reduction: every rank holds all of it
+            return super().weight_loader(param, loaded)
         cols = param.shape[1]
         check_shape(param, loaded, (param.shape[0], cols * tp_size()))
         param.data.copy_(loaded.narrow(1, tp_rank() * cols, cols))

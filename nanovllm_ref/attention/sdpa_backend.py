@@ -162,8 +162,6 @@ class DecodeContext:
 
 
 class SdpaBackend(AttentionBackend):
-    name = "sdpa"
-
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.decode_ctx: DecodeContext | None = None

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 
-def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, scaling: float = 1.0) -> torch.Tensor:
+def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
     """(max_positions, head_dim) float32 table: cos in the first half of the columns, sin in the second."""
     t = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
     freqs = t[:, None] * inv_freq.float()[None, :]  # (max_positions, head_dim // 2)
-    return torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
 def rotary_tables(

@@ -23,7 +23,6 @@ def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, 
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
-        self.input_size, self.output_size = input_size, output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:

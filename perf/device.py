@@ -43,7 +43,7 @@ from nanovllm_ref.testing.bench.tables import results_dir, text_table
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE")
 BENCH = ("{python}", "-m", "nanovllm_ref.testing.bench", "--arch", "qwen3-0.6b", "--workload", "headline")
-KERNELS = ("prefill_attention", "decode_attention", "store_kv", "rms_norm", "apply_rotary", "silu_and_mul",
+KERNELS = ("prefill_attention", "decode_attention", "store_kv", "rms_norm", "silu_and_mul",
            "fused_moe", "gumbel_sample", "qkv_epilogue")
 RESULT_LINE = re.compile(r"\b(passed|failed|error|caught|output tok/s|fraction of roofline|busy|rc=)\b", re.I)
 

@@ -46,8 +46,8 @@ def kernels(name: str) -> tuple[str, ...]:
 GOLDEN = "conformance/test_golden.py::test_golden"
 KERNEL_ATTN = "tests/kernels/test_kernel_attention.py::test_prefill_attention"
 SDPA_ORACLE = "tests/attention/test_sdpa_backend.py"  # the sdpa backend (the CPU default) against the torch reference
-RMS = "tests/kernels/test_kernel_norm_rotary.py::test_rms_norm"
-ROT = "tests/kernels/test_kernel_norm_rotary.py::test_apply_rotary"
+RMS = "tests/kernels/test_kernel_rmsnorm.py::test_rms_norm"
+EPILOGUE = "tests/kernels/test_kernel_qkv_epilogue.py"
 BLOCKS, SCHED = "tests/engine/properties/test_block_manager_props.py", "tests/engine/properties/test_scheduler_props.py"
 SAMPLING = "tests/layers/test_sampler_distributions.py"
 SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases
@@ -67,11 +67,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("rmsnorm-kernel-mean", "nanovllm_ref/kernels/rmsnorm.py", "var = tl.sum(h * h, 0) / hidden",
       "var = tl.sum(h * h, 0) / BLOCK", "Triton RMSNorm averages over the padded block, not the hidden size",
       (RMS,), kernels("rms_norm")),
-    M("rotary-kernel-sign", "nanovllm_ref/kernels/rotary.py", "b1 = (-x2 * sin[None, :])",
-      "b1 = (x2 * sin[None, :])", "Triton RoPE: rotate-half without the minus sign", (ROT,), kernels("apply_rotary")),
-    M("rotary-kernel-half-mask", "nanovllm_ref/kernels/rotary.py", "d_mask = offs_d < HALF",
-      "d_mask = offs_d < BLOCK_HALF", "Triton RoPE masks to the padded half, not head_dim // 2 (head sizes like 80)",
-      (ROT,), kernels("apply_rotary")),
+    M("rotary-kernel-sign", "nanovllm_ref/kernels/qkv_epilogue.py", "b1 = (-x2 * sin)",
+      "b1 = (x2 * sin)", "Triton RoPE (QKV epilogue): rotate-half without the minus sign", (EPILOGUE,),
+      kernels("qkv_epilogue")),
+    M("rotary-kernel-half-mask", "nanovllm_ref/kernels/qkv_epilogue.py", "d_mask = offs_d < HALF",
+      "d_mask = offs_d < BLOCK_HALF", "Triton RoPE (QKV epilogue) masks to the padded half, not head_dim // 2 "
+      "(head sizes like 80)", (EPILOGUE,), kernels("qkv_epilogue")),
     M("attention-kernel-causal", "nanovllm_ref/kernels/_triton_common.py",
       "s = tl.where(offs_n[None, :] < row_end[:, None], s", "s = tl.where(offs_n[None, :] <= row_end[:, None], s",
       "Triton paged attention: the causal mask lets a query see one key too many", (KERNEL_ATTN,),

@@ -162,8 +162,6 @@ class DecodeContext:
 
 
 class SdpaBackend(AttentionBackend):
-    name = "sdpa"
-
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.decode_ctx: DecodeContext | None = None
@@ -221,6 +219,10 @@ class SdpaBackend(AttentionBackend):
             return rows.float()
         return dequantize_kv(rows.view(FP8), split_scales(self.kv_scales)[which], heads_axis)
 
+    def _rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (n, kv_heads, head_dim) K and V values
+        return tuple(self._values(c.view(-1, *c.shape[2:])[slots], i, 1) for i, c in enumerate((k_cache, v_cache)))
+
     def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Prompts with nothing cached: each attends over the keys just stored, through SDPA's causal mask (which
@@ -228,8 +230,7 @@ class SdpaBackend(AttentionBackend):
         the CPU benchmark's prefill against padding prompts of similar length into groups: 17 vs 22 ms a layer."""
         if step_kv is None or step_kv[0].shape[0] != q.shape[0]:  # padding rows in the store: read the keys back
             slots = torch.cat([plan.slots[i, : b - a] for i, (a, b) in enumerate(plan.spans)])  # (num_tokens,)
-            step_kv = (self._values(k_cache.view(-1, *k_cache.shape[2:])[slots], 0, 1),
-                       self._values(v_cache.view(-1, *v_cache.shape[2:])[slots], 1, 1))
+            step_kv = self._rows(k_cache, v_cache, slots)
         queries, keys, values = q.float(), step_kv[0].float(), step_kv[1].float()  # (tokens, heads, d)
         outs = []
         for a, b in plan.spans:  # (1, heads, length, d) views
@@ -246,10 +247,8 @@ class SdpaBackend(AttentionBackend):
         num_seqs, kv_heads, d = plan.tables.shape[0], self.num_kv_heads, self.head_dim
         if (ctx is not None and plan.extends is ctx.plan and ctx.cache_ptr == k_cache.data_ptr()
                 and plan.width <= ctx.v.shape[1]):
-            if step_kv is None or step_kv[0].shape[0] != num_seqs:  # not one row per sequence
-                new = plan.slots[plan.last]  # (num_seqs,) this step's slots
-                step_kv = (self._values(k_cache.view(-1, *k_cache.shape[2:])[new], 0, 1),
-                           self._values(v_cache.view(-1, *v_cache.shape[2:])[new], 1, 1))
+            if step_kv is None or step_kv[0].shape[0] != num_seqs:  # not one row per sequence: this step's slots
+                step_kv = self._rows(k_cache, v_cache, plan.slots[plan.last])
             k_elems, v_rows = plan.append_index(ctx.v.shape[1], kv_heads, d)  # each row's new token, at its position
             ctx.kt.view(-1).index_copy_(0, k_elems, as_dtype(step_kv[0], torch.float32).reshape(-1))
             ctx.v.view(-1, d).index_copy_(0, v_rows, as_dtype(step_kv[1], torch.float32).reshape(-1, d))

@@ -11,8 +11,6 @@ from .metadata import AttentionMetadata
 
 
 class TorchBackend(AttentionBackend):
-    name = "torch"
-
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 

@@ -47,15 +47,9 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @functools.cache
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of the device (a host-side property query: no sync); 8 off-GPU."""
-    if device.type != "cuda":
-        return 8
-    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    """Streaming multiprocessors of the device (a host-side property query, once per device: no sync); 8 off-GPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 if triton is not None:

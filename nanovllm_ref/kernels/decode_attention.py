@@ -215,7 +215,6 @@ def decode_attention(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
     """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
-    assert triton is not None, "decode_attention needs triton; use decode_attention_reference"
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0

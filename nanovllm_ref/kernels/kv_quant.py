@@ -25,7 +25,6 @@ import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-KV_CACHE_DTYPES = {"auto": None, "fp8": FP8, "fp8_e4m3": FP8}  # "auto": the model dtype
 SCALE_NAME = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_scale$")
 
 

@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from ._triton_common import tl, triton
 from .rmsnorm import rms_norm_reference
 from .rotary import apply_rotary_reference
 from .store_kv import store_kv_reference
-
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def qkv_epilogue_reference(
@@ -44,8 +39,7 @@ def qkv_epilogue_reference(
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim)
     n, d = qkv.shape[0], k_cache.shape[-1]
-    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q, k, v = q.reshape(n, num_heads, d), k.reshape(n, num_kv_heads, d), v.reshape(n, num_kv_heads, d)
+    q, k, v = qkv.reshape(n, -1, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)  # (n, heads, d) each
     if q_weight is not None:
         q, k = rms_norm_reference(q, q_weight, eps), rms_norm_reference(k, k_weight, eps)
     q, k = apply_rotary_reference(q, positions, cos_sin_cache), apply_rotary_reference(k, positions, cos_sin_cache)
@@ -136,7 +130,6 @@ def qkv_epilogue(
     slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # q: (num_tokens, num_heads, head_dim), qkv's dtype
     """Triton version of `qkv_epilogue_reference` (same arguments). CUDA-graph safe: no host sync."""
-    assert triton is not None, "qkv_epilogue needs triton; use qkv_epilogue_reference"
     n, d = qkv.shape[0], k_cache.shape[-1]
     assert qkv.shape[1] == (num_heads + 2 * num_kv_heads) * d and qkv.stride(1) == 1 and d % 2 == 0
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.shape[2] == num_kv_heads

@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the reference must import on machines without triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from ._triton_common import tl, triton
 
 
 def rms_norm_reference(
@@ -75,18 +71,13 @@ def rms_norm(
     residual: torch.Tensor | None = None,  # (num_tokens, hidden)
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `rms_norm_reference`: returns `out`, or `(out, x + residual)` (new tensors)."""
-    assert triton is not None, "rms_norm needs triton; use rms_norm_reference"
     shape, hidden = x.shape, x.shape[-1]
-    x2 = x.reshape(-1, hidden)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = x.reshape(-1, hidden).contiguous()  # (a no-op for the layers' activations)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)  # `weight * h` promotes as torch does
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     if residual is not None:
         assert residual.shape == shape and residual.dtype == x.dtype
-        r2 = residual.reshape(-1, hidden)
-        if r2.stride(-1) != 1:
-            r2 = r2.contiguous()
+        r2 = residual.reshape(-1, hidden).contiguous()
         res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     else:
         r2 = res_out = x2  # unused

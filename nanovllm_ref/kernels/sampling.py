@@ -41,10 +41,6 @@ def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:  # int64 in [0, 2^23)
     return (bits.float() + 0.5) * (1.0 / (1 << 23))
 
 
-def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:  # (n,) -> (n, vocab) float32
-    return -torch.log(-torch.log(uniform_noise(keys, vocab)))
-
-
 def gumbel_sample_reference(
     logits: torch.Tensor,  # (n, vocab) any float dtype (computed in float32); masked entries are -inf
     temperature: torch.Tensor,  # (n,) float32, 0 = greedy
@@ -57,7 +53,7 @@ def gumbel_sample_reference(
     greedy = logits.argmax(dim=-1)
     if not bool((temperature > 0).any()):  # all greedy: the noise (20 vocab-sized temporaries) is not needed
         return torch.stack([greedy, finite])
-    noise = gumbel_noise(row_keys(seeds, counters), logits.shape[1])
+    noise = -torch.log(-torch.log(uniform_noise(row_keys(seeds, counters), logits.shape[1])))  # Gumbel(0, 1)
     scores = logits / torch.where(temperature > 0, temperature, 1.0)[:, None] + noise
     return torch.stack([torch.where(temperature > 0, scores.argmax(dim=-1), greedy), finite])
 

@@ -88,7 +88,6 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
              slot_mapping: torch.Tensor, kv_scales: torch.Tensor | None = None) -> None:
     """Triton version of `store_kv_reference` (same arguments, slots int32 or int64; in place). CUDA-graph safe:
     no host sync."""
-    assert triton is not None, "store_kv needs triton; use store_kv_reference"
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape[0] == num_tokens
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.activation import silu_and_mul
+from ..kernels.activation import silu_and_mul, silu_and_mul_reference
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (n, 2 * d) -> (n, d)
-        if x.is_cuda:
-            return silu_and_mul(x)
-        # the reference's `silu(gate) * up` (the same roundings) with the product in place: a prompt step's
-        # (tokens, d) temporary less, whose fresh pages cost more than the product itself on the CPU
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate).mul_(up)
+        return silu_and_mul(x) if x.is_cuda else silu_and_mul_reference(x)

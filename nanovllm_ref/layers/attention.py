@@ -8,6 +8,7 @@ from torch import nn
 
 from ..attention import AttentionBackend, get_forward_context
 from ..kernels.qkv_epilogue import qkv_epilogue
+from .norm import RMSNorm
 
 
 class Attention(nn.Module):
@@ -36,16 +37,14 @@ class Attention(nn.Module):
         """Whether `forward_packed` serves this input: on CUDA, with a backend whose KV store is the engine's."""
         return x.is_cuda and self.backend.fused_store_ok
 
-    def forward_packed(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-    ) -> torch.Tensor:
+    def forward_packed(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                       q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> torch.Tensor:
         """Attention from the packed QKV rows, with q/k norm, RoPE and the KV store in one kernel (one launch
         instead of up to six per layer, kernels/qkv_epilogue.py)."""
         k_cache, v_cache = self._cache()
         meta = get_forward_context()
         b = self.backend
-        q = qkv_epilogue(qkv, positions, cos_sin_cache, q_weight, k_weight, eps, k_cache, v_cache,
-                         meta.slot_mapping, b.num_heads, b.num_kv_heads,
-                         b.kv_scales)  # (num_tokens, num_heads, head_dim)
+        weights = (q_norm.weight, k_norm.weight, q_norm.eps) if q_norm is not None else (None, None, 0.0)
+        q = qkv_epilogue(qkv, positions, cos_sin_cache, *weights, k_cache, v_cache, meta.slot_mapping,
+                         b.num_heads, b.num_kv_heads, b.kv_scales)  # (num_tokens, num_heads, head_dim)
         return b.forward(q, k_cache, v_cache, meta)

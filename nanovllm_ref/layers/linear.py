@@ -23,7 +23,6 @@ def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, 
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
-        self.input_size, self.output_size = input_size, output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -110,10 +109,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        if param.dim() == 1:  # the bias is added once, after the reduction
-            check_shape(param, loaded, param.shape)
-            param.data.copy_(loaded)
-            return
+        if param.dim() == 1:  # the bias is added once, after the reduction: every rank holds all of it
+            return super().weight_loader(param, loaded)
         cols = param.shape[1]
         check_shape(param, loaded, (param.shape[0], cols * tp_size()))
         param.data.copy_(loaded.narrow(1, tp_rank() * cols, cols))

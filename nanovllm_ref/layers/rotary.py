@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..kernels.rotary import apply_rotary, apply_rotary_reference, rope_cos_sin_cache
+from ..kernels.rotary import rope_cos_sin_cache
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -59,11 +59,3 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, params)
         self.register_buffer("cos_sin_cache", rope_cos_sin_cache(inv_freq, max_positions), persistent=False)
-        # layers with equal keys have equal tables: a CPU step shares its per-token factors among them
-        self.table_key = ("rope", head_dim, max_positions, repr(sorted(params.items())))
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        rotate = apply_rotary if q.is_cuda else apply_rotary_reference
-        return rotate(q, positions, self.cos_sin_cache), rotate(k, positions, self.cos_sin_cache)

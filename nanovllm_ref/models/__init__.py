@@ -20,9 +20,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 
 
 def get_model_class(cfg: ModelConfig) -> type[nn.Module]:
-    archs = list(cfg.architectures)
-    for arch in archs:
+    for arch in cfg.architectures:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
-    raise ValueError(f"unsupported architecture {archs or '(config.json has no architectures)'}; "
+    raise ValueError(f"unsupported architecture {list(cfg.architectures) or '(config.json has no architectures)'}; "
                      f"supported: {sorted(MODEL_REGISTRY)}")

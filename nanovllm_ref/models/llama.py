@@ -14,8 +14,7 @@ from .qwen3 import Qwen3ForCausalLM
 
 class LlamaForCausalLM(Qwen3ForCausalLM):
     def arch_flags(self, cfg: ModelConfig) -> dict:
-        bias = cfg.attention_bias
-        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False, "mlp_bias": cfg.mlp_bias}
+        return {**super().arch_flags(cfg), "qk_norm": False, "mlp_bias": cfg.mlp_bias}
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -8,4 +8,4 @@ from .qwen3 import Qwen3ForCausalLM
 
 class Qwen2ForCausalLM(Qwen3ForCausalLM):
     def arch_flags(self, cfg: ModelConfig) -> dict:
-        return {"qkv_bias": True, "o_bias": False, "qk_norm": False, "mlp_bias": False}
+        return {**super().arch_flags(cfg), "qkv_bias": True, "o_bias": False, "qk_norm": False}

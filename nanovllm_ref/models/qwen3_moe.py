@@ -88,8 +88,6 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         for name, value in cfg.shared_experts:
             raise ValueError(f"config field {name}={value!r}: shared experts are not supported by "
                              "Qwen3MoeForCausalLM (transformers' Qwen3-MoE has none)")
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
 
     def checkpoint_target(self, name: str) -> tuple[str, object] | None:
         """`...experts.{e}.gate_proj|up_proj|down_proj.weight` -> the stacked parameter and (expert, part)."""

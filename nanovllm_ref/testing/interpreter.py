@@ -12,8 +12,8 @@ import importlib
 import os
 import sys
 
-KERNEL_MODULES = ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "rotary",
-                  "activation", "fused_moe", "sampling", "qkv_epilogue")
+KERNEL_MODULES = ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "activation",
+                  "fused_moe", "sampling", "qkv_epilogue")
 
 
 def use_triton_interpreter() -> bool:

@@ -378,7 +378,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         prefill_attention,
         qkv_epilogue,
         rmsnorm,
-        rotary,
         sampling,
         store_kv,
     )
@@ -395,7 +394,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention, triton_unavailable),
         KernelCandidate("store_kv", "triton", store_kv.store_kv, triton_unavailable),
         KernelCandidate("rms_norm", "triton", rmsnorm.rms_norm, triton_unavailable),
-        KernelCandidate("apply_rotary", "triton", rotary.apply_rotary, triton_unavailable),
         KernelCandidate("silu_and_mul", "triton", activation.silu_and_mul, triton_unavailable),
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),

@@ -49,6 +49,8 @@ class Config:
     # torch intra-op threads of a CPU engine (process-wide, set per rank); None: OMP_NUM_THREADS or the usable
     # cores, divided among TP ranks, and at most hidden_size // 256 (tiny models lose time to idle-spinning threads)
     cpu_threads: int | None = None
+    # a request's tokens and logprobs bitwise independent of the rest of the batch (kernels/matmul.py says how)
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -73,7 +75,7 @@ class Config:
         gb = self.kv_cache_memory_gb
         if not isinstance(gb, (int, float)) or not gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {gb!r}")
-        check_bools(self, "enable_prefix_caching", "enforce_eager")
+        check_bools(self, "enable_prefix_caching", "enforce_eager", "batch_invariant")
         if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
             raise ValueError(f"async_scheduling must be a bool or None (on CUDA only), got {self.async_scheduling!r}")
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
@@ -174,6 +176,7 @@ class RunnerSpec:
     load_format: str = "auto"
     kv_dtype: torch.dtype | None = None  # the KV cache's dtype (None: the model's); fp8 comes with per-head scales
     cpu_threads: int = 1  # torch intra-op threads on the CPU (resolved from Config.cpu_threads)
+    batch_invariant: bool = False
 
 
 def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
@@ -200,10 +203,13 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
     if window and max_model_len > window:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
+    backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size)
+    if config.batch_invariant:
+        backend = invariant_backend(config.attention_backend, backend, device)
     return RunnerSpec(
-        model_path=config.model, device=device, dtype=dtype,
+        model_path=config.model, device=device, dtype=dtype, batch_invariant=config.batch_invariant,
         kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
-        backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
+        backend=backend,
         block_size=config.kvcache_block_size,
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, num_kvcache_blocks=config.num_kvcache_blocks,
@@ -211,6 +217,15 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
         enforce_eager=config.enforce_eager, load_format=config.load_format,
         cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
+
+
+def invariant_backend(asked: str, resolved: str, device: str) -> str:
+    """batch_invariant=True: the backends that reduce each query in a fixed order (torch on the CPU, triton on CUDA)."""
+    if asked == "auto":
+        return "torch" if device == "cpu" else "triton"
+    if resolved not in ("torch", "triton"):
+        raise ValueError(f"batch_invariant=True needs attention_backend 'auto', 'torch' or 'triton', got {asked!r}")
+    return resolved
 
 
 def auto_cpu_threads(hidden_size: int, tp: int) -> int:

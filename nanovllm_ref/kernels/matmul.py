@@ -1,0 +1,123 @@
+"""Batch-invariant matrix products `x @ W.T (+ b)`: a row's result does not depend on the other rows.
+
+cuBLAS and the CPU BLAS pick their tiling, split-K and kernel from the problem's shape, so row i of `x @ W.T`
+can change in its last bits when the number of rows changes: a request's logits then depend on what else is in
+the batch ("Defeating Nondeterminism in LLM Inference", Thinking Machines, 2025, and its `batch_invariant_ops`;
+vLLM's `VLLM_BATCH_INVARIANT`). The engine's `batch_invariant=True` mode sends every linear layer and the LM head
+here:
+
+- CUDA (`invariant_linear`): one Triton kernel with one tile configuration (:data:`TILE`) for every shape and
+  no split-K, so each output element is its K products summed BLOCK_K at a time in the same order whatever M is.
+  The row count is a runtime argument compiled once (no specialization on it), so CUDA-graph buckets and eager
+  steps run the same code.
+- CPU and the reference (`invariant_linear_reference`): the rows go through the BLAS :data:`ROW_TILE` at a time
+  (the last tile zero-padded), so it always sees the same (ROW_TILE, K) x (K, N) problem.
+
+What the mode makes invariant, and what not (with the attention side, kernels/invariant_attention.py):
+- invariant: a request's tokens and logprobs across batch composition and size, its position in the batch,
+  prompt chunking (any chunk budget), prefix-cache hits, CUDA-graph buckets and eager steps, async scheduling,
+  preemption and recompute; decode-time and prefill-time logits of a token are the same computation (one
+  attention kernel with one tile for both), so decode and re-prefill logprobs agree bitwise;
+- not invariant: across GPUs, drivers, triton or torch versions, dtypes, devices (CPU vs CUDA), tensor-parallel
+  sizes (TP > 1 sums partial products in the all-reduce's order, which NCCL chooses); the mode says nothing of
+  MoE routing ties beyond what equal logits give (equal inputs give equal routes); fp8 KV scales and kernels
+  follow the same rules but are not covered by its tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ._triton_common import dot_precision, tl, triton, upcast_dots
+
+ROW_TILE = 16  # CPU: rows per BLAS call
+
+# the one tile of the CUDA kernel: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); a sweep may override
+# it with NANOVLLM_REF_INVARIANT_TILE="64,128,64,8,4,4" (read at each call, like NANOVLLM_REF_SLOW_KERNELS)
+TILE = (64, 128, 64, 8, 4, 4)
+
+
+def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                               ) -> torch.Tensor:
+    """x (..., K), weight (N, K), bias (N,) -> (..., N), ROW_TILE rows per BLAS call."""
+    shape, k = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    pad = -m % ROW_TILE
+    if pad:
+        x2 = torch.cat([x2, x2.new_zeros(pad, k)])
+    out = x2.new_empty(m + pad, weight.shape[0])
+    wt = weight.t()
+    for a in range(0, m + pad, ROW_TILE):
+        torch.mm(x2[a : a + ROW_TILE], wt, out=out[a : a + ROW_TILE])
+    out = out[:m]
+    if bias is not None:
+        out = out + bias  # elementwise, after the product: the same for every row count
+    return out.view(*shape[:-1], weight.shape[0])
+
+
+def tile() -> tuple[int, ...]:
+    override = os.environ.get("NANOVLLM_REF_INVARIANT_TILE")
+    return tuple(int(v) for v in override.split(",")) if override else TILE
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _matmul_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, M, N, K,
+        stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
+        HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ):
+        # grouped program order (the Triton matmul tutorial): GROUP_M row tiles share each weight tile in L2
+        pid = tl.program_id(0)
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        group = pid // (GROUP_M * tiles_n)
+        first_m = group * GROUP_M
+        size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size_m
+        pid_n = (pid % (GROUP_M * tiles_n)) // size_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am  # (BLOCK_M, 1)
+        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn  # (1, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):  # the same K order for every row: no split-K
+            k = k0 + offs_k
+            a = tl.load(a_rows + k[None, :] * stride_ak, mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
+            w = tl.load(w_cols + k[:, None] * stride_wk, mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+            if UPCAST:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(a, w, acc, input_precision=PREC)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton version of `invariant_linear_reference` (same arguments), one tile for every shape."""
+    assert triton is not None, "invariant_linear needs triton; use invariant_linear_reference"
+    shape, k = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m:
+        block_m, block_n, block_k, group_m, warps, stages = tile()
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+        _matmul_kernel[grid](
+            x2, weight, out, bias if bias is not None else out, m, n, k,
+            *x2.stride(), *weight.stride(), *out.stride(),
+            HAS_BIAS=bias is not None, UPCAST=upcast_dots(x.device), PREC=dot_precision(x.dtype),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=warps, num_stages=stages,
+        )
+    return out.view(*shape[:-1], n)
+
+
+def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The engine's choice: the Triton kernel on CUDA, the row-tiled BLAS elsewhere."""
+    return (invariant_linear if x.is_cuda else invariant_linear_reference)(x, weight, bias)

@@ -90,9 +90,10 @@ if triton is not None:
             k = k0 + offs_k
             a = tl.load(a_rows + k[None, :] * stride_ak, mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
             w = tl.load(w_cols + k[:, None] * stride_wk, mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-            if UPCAST:
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc = tl.dot(a, w, acc, input_precision=PREC)
+            if UPCAST:  # the interpreter (see _triton_common.upcast_dots)
+                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc, input_precision=PREC)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The batch-invariant mode on one GPU, in one run (logs into $1, default $OUT):
+#   1. the GEMM tile sweep (perf/invariant_tile.py); its best tile is used for the rest of the run;
+#   2. the headline, default mode then batch-invariant mode (one engine at a time, nothing else on the GPU);
+#   3. side by side (small KV budgets): the exact invariance module in batch-invariant mode on every golden and on
+#      Qwen3-0.6B's shape with random weights (20 compositions), the same in default mode (expected to fail), and
+#      the self-consistency module (--reference none) on Qwen3-0.6B in both modes and on every golden.
+# Usage: bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
+set -u
+L=${1:-${OUT:-/tmp/batch_invariant}}; TRIALS=${2:-20}; CT=${3:-180}
+mkdir -p "$L/logs"; P=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+$P -m perf.invariant_tile --json "$L/logs/tile.json" > "$L/logs/tile.log" 2>&1
+T=$($P -c "import json;print(json.load(open('$L/logs/tile.json')).get('best') or '')" 2>/dev/null)
+[ -n "$T" ] && export NANOVLLM_REF_INVARIANT_TILE=$T
+echo "tile: ${T:-default}"
+B="$P -m nanovllm_ref.testing.bench --arch qwen3-0.6b --workload headline --temperature 0 --repeat 1 --no-save --no-progress"
+$B --json "$L/logs/headline_default.json" > "$L/logs/headline_default.log" 2>&1
+$B --batch-invariant --json "$L/logs/headline_invariant.json" > "$L/logs/headline_invariant.log" 2>&1
+Q=/tmp/qwen3-0.6b-random; $P -c "from nanovllm_ref.testing.bench.models import write_config; write_config('qwen3-0.6b', '$Q')"
+C="$P -m pytest -q -p no:cacheprovider -rfE --dtype bfloat16 --engine-arg device=cuda --report /dev/null"
+INV="conformance/test_batch_invariance.py --invariance exact --invariance-trials $TRIALS"
+Q6="--model $Q --reference none --engine-arg load_format=dummy --engine-arg gpu_memory_utilization=0.1"
+run() { local name=$1; shift; timeout "$CT" "$@" > "$L/logs/$name.log" 2>&1; echo "rc=$?" >> "$L/logs/$name.log"; }
+for m in $($P -c "import json;print(' '.join(sorted(json.load(open('golden/manifest.json'))['checkpoints'])))"); do
+  G="--model $m --engine-arg gpu_memory_utilization=0.03"
+  (run "inv_$m" $C $INV $G --engine-arg batch_invariant=true --reference none;
+   run "sc_$m" $C conformance/test_self_consistency.py $G --reference none) &
+done
+run inv_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k "not budget" &
+run inv_budget_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k budget &
+(run default_qwen3-0.6b $C $INV $Q6 --invariance-trials 3 -x; run sc_qwen3-0.6b $C conformance/test_self_consistency.py $Q6;
+ run sc_inv_qwen3-0.6b $C conformance/test_self_consistency.py $Q6 --engine-arg batch_invariant=true -s) &
+run default_qwen3-tiny $C $INV --invariance-trials 3 -x --model qwen3-tiny --engine-arg gpu_memory_utilization=0.03 &
+wait
+for f in "$L"/logs/*.log; do echo "== $(basename "$f")"; grep -E "passed|failed|error|rc=|tile|best|output tok/s|mean k3" "$f" | tail -4; done \
+  > "$L/summary.txt"
+tar -czf "$L/logs.tar.gz" -C "$L" logs && rm -rf "$L/logs"
+cat "$L/summary.txt"

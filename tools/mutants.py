@@ -60,6 +60,10 @@ TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  
 DETOK_TESTS = "tests/engine/test_detokenizer.py"
 FP8_ENGINE, FP8_KERNELS = "tests/engine/test_fp8_kv_cache.py", "tests/kernels/test_kernel_fp8_kv.py"
 FP8_TIER = ("conformance/test_fp8_kv.py",)
+INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
+INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
+                    "batch_invariant=true")
+INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.04")
 
 
 M = Mutant
@@ -464,6 +468,36 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-decode-v-scale-axis", "nanovllm_ref/kernels/decode_attention.py",
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + 2 * kvh + 1)",
       "FP8 KV Triton decode: the V scale read from a (kv_heads, 2) layout", (FP8_KERNELS,), FP8_TIER),
+    # batch-invariant mode (kernels/matmul.py, kernels/invariant_attention.py): caught by the invariance module in
+    # exact mode with the mode on; the CUDA sites by the same module on the GPU (bf16)
+    M("batch-invariant-gemm-fallback", "nanovllm_ref/layers/linear.py",
+      "(batch_invariant_linear if self.batch_invariant else F.linear)",
+      "(batch_invariant_linear if self.batch_invariant and x.shape[0] <= 64 else F.linear)",
+      "batch-invariant mode: linear layers fall back to the BLAS's own product above 64 rows", (INVARIANT_TESTS,),
+      INVARIANCE_EXACT),
+    M("batch-invariant-split-by-batch", "nanovllm_ref/kernels/invariant_attention.py",
+      "tile = KEY_TILE  # never chosen by the batch or the chunk",
+      "tile = KEY_TILE if seq_lens.shape[0] > 1 else -(-int(seq_lens.max()) // KEY_TILE) * KEY_TILE",
+      "batch-invariant attention (CPU): a lone sequence reduces its keys in one split, a batch in tiles",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT),
+    M("batch-invariant-chunk-rows", "nanovllm_ref/kernels/invariant_attention.py",
+      "tokens = max(1, UNIT_ROWS // group)", "tokens = max(1, int(query_start_loc.diff().max()))",
+      "batch-invariant attention (CPU): a product's rows are the step's longest chunk, so its shape follows the chunk",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT),
+    M("batch-invariant-decode-split", "nanovllm_ref/attention/triton_backend.py",
+      "        if self.batch_invariant:  # decode steps too",
+      "        if self.batch_invariant and not meta.decode_only:  #",
+      "batch-invariant mode (CUDA): decode steps take the split-K decode kernel, its split count chosen by the batch",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    M("batch-invariant-prefill-tile-by-chunk", "nanovllm_ref/attention/triton_backend.py",
+      "tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))", "tile_config=None)",
+      "batch-invariant mode (CUDA): the prefill kernel's tile follows the step's longest query (chunk-dependent)",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    M("batch-invariant-gemm-tile-by-rows", "nanovllm_ref/kernels/matmul.py",
+      "block_m, block_n, block_k, group_m, warps, stages = tile()",
+      "block_m, block_n, block_k, group_m, warps, stages = tile() if m > 64 else (16, 64, 32, 8, 4, 3)",
+      "batch-invariant GEMM (CUDA): a smaller tile (another K step) for up to 64 rows, as a graph bucket might get",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
 )
 
 

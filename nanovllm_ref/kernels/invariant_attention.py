@@ -69,7 +69,8 @@ def invariant_attention_reference(
     group = heads // kv_heads
     tokens = max(1, UNIT_ROWS // group)
     seq, rows, pos = _units(query_start_loc, seq_lens, tokens)  # U units
-    width = -(-int(seq_lens.max()) // KEY_TILE) * KEY_TILE
+    tile = KEY_TILE  # never chosen by the batch or the chunk
+    width = -(-int(seq_lens.max()) // tile) * tile
     key_pos = torch.arange(width, device=q.device)
     blocks = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
     slots = block_tables.long()[:, blocks] * block_size + key_pos % block_size  # (S, width)
@@ -86,13 +87,13 @@ def invariant_attention_reference(
     row_pos = pos.clamp(min=0).repeat_interleave(group, dim=1)[:, None, :, None]  # (U, 1, rows, 1); pad rows: key 0
     m = torch.full((*queries.shape[:3], 1), float("-inf"), device=q.device)
     l, acc = torch.zeros_like(m), torch.zeros_like(queries)
-    for j in range(0, width, KEY_TILE):  # the same tiles in the same order for every query
-        s = torch.matmul(queries, k[seq, :, :, j : j + KEY_TILE]) * scale  # (U, kv_heads, rows, KEY_TILE)
-        s = s.masked_fill(key_pos[j : j + KEY_TILE] > row_pos, float("-inf"))
+    for j in range(0, width, tile):  # the same tiles in the same order for every query
+        s = torch.matmul(queries, k[seq, :, :, j : j + tile]) * scale  # (U, kv_heads, rows, tile)
+        s = s.masked_fill(key_pos[j : j + tile] > row_pos, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
         l = l * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.matmul(p, v[seq, :, j : j + KEY_TILE])
+        acc = acc * alpha + torch.matmul(p, v[seq, :, j : j + tile])
         m = m_new
     o = (acc / l).view(-1, kv_heads, tokens, group, d).transpose(1, 2).reshape(-1, tokens, heads, d)
     valid = pos >= 0

@@ -63,7 +63,7 @@ FP8_TIER = ("conformance/test_fp8_kv.py",)
 INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
                     "batch_invariant=true")
-INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.04")
+INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
 
 
 M = Mutant

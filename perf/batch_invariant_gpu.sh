@@ -6,7 +6,7 @@
 #      Qwen3-0.6B's shape with random weights (20 compositions), the same in default mode (expected to fail), and
 #      the self-consistency module (--reference none) on Qwen3-0.6B in both modes and on every golden, every golden
 #      against its bf16 goldens in batch-invariant mode, and the GPU column of the batch-invariance mutants.
-# Usage: bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
+# Usage: [TOTAL_S=N] bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
 set -u
 L=${1:-${OUT:-/tmp/batch_invariant}}; TRIALS=${2:-20}; CT=${3:-180}
 mkdir -p "$L/logs"; P=${PYTHON:-python3}
@@ -23,7 +23,9 @@ C="$P -m pytest -q -p no:cacheprovider -rfE --dtype bfloat16 --engine-arg device
 INV="conformance/test_batch_invariance.py --invariance exact --invariance-trials $TRIALS"
 Q6="--model $Q --reference none --engine-arg load_format=dummy --engine-arg gpu_memory_utilization=0.08"
 export OMP_NUM_THREADS=1  # about twenty processes side by side on 16 cores
-END=$((SECONDS + CT))  # every run of the side-by-side phase ends by then (rc=124: cut off)
+END=$((SECONDS + CT))  # every run of the side-by-side phase ends by then (rc=124: cut off), and the whole
+[ -n "${TOTAL_S:-}" ] && [ "$END" -gt "$TOTAL_S" ] && END=$TOTAL_S  # script by TOTAL_S, when set
+CT=$((END - SECONDS))
 run() { local name=$1; shift; timeout $((END - SECONDS > 1 ? END - SECONDS : 1)) "$@" > "$L/logs/$name.log" 2>&1
         echo "rc=$?" >> "$L/logs/$name.log"; }
 for m in $($P -c "import json;print(' '.join(sorted(json.load(open('golden/manifest.json'))['checkpoints'])))"); do

@@ -6,15 +6,17 @@
 #      Qwen3-0.6B's shape with random weights (20 compositions), the same in default mode (expected to fail), and
 #      the self-consistency module (--reference none) on Qwen3-0.6B in both modes and on every golden, every golden
 #      against its bf16 goldens in batch-invariant mode, and the GPU column of the batch-invariance mutants.
-# Usage: [TOTAL_S=N] bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
+# Usage: [TOTAL_S=N] [NO_SWEEP=1] bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
 set -u
 L=${1:-${OUT:-/tmp/batch_invariant}}; TRIALS=${2:-20}; CT=${3:-180}
 mkdir -p "$L/logs"; P=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-$P -m perf.invariant_tile --json "$L/logs/tile.json" > "$L/logs/tile.log" 2>&1
+[ -z "${NO_SWEEP:-}" ] && $P -m perf.invariant_tile --json "$L/logs/tile.json" > "$L/logs/tile.log" 2>&1
 T=$($P -c "import json;print(json.load(open('$L/logs/tile.json')).get('best') or '')" 2>/dev/null)
+TN=$($P -c "import json;print(json.load(open('$L/logs/tile.json')).get('best_narrow') or '')" 2>/dev/null)
 [ -n "$T" ] && export NANOVLLM_REF_INVARIANT_TILE=$T
-echo "tile: ${T:-default}"
+[ -n "$TN" ] && export NANOVLLM_REF_INVARIANT_TILE_NARROW=$TN
+echo "tile: ${T:-default}, narrow: ${TN:-default}"
 B="$P -m nanovllm_ref.testing.bench --arch qwen3-0.6b --workload headline --temperature 0 --repeat 1 --no-save --no-progress --no-ceilings"
 $B --json "$L/logs/headline_default.json" > "$L/logs/headline_default.log" 2>&1
 $B --batch-invariant --json "$L/logs/headline_invariant.json" > "$L/logs/headline_invariant.log" 2>&1

@@ -490,13 +490,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "batch-invariant mode (CUDA): decode steps take the split-K decode kernel, its split count chosen by the batch",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
     M("batch-invariant-prefill-tile-by-chunk", "nanovllm_ref/attention/triton_backend.py",
-      "tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))", "tile_config=None)",
-      "batch-invariant mode (CUDA): the prefill kernel's tile follows the step's longest query (chunk-dependent)",
+      "tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))",
+      "tile_config={**invariant_prefill_tile(self.num_heads, self.num_kv_heads), "
+      "'BLOCK_N': 64 if meta.max_query_len == 1 else 32})",
+      "batch-invariant mode (CUDA): steps with prompt chunks reduce keys 32 at a time, decode steps 64 at a time",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
-    M("batch-invariant-gemm-tile-by-rows", "nanovllm_ref/kernels/matmul.py",
-      "block_m, block_n, block_k, group_m, warps, stages = tile()",
-      "block_m, block_n, block_k, group_m, warps, stages = tile() if m > 64 else (16, 64, 32, 8, 4, 3)",
-      "batch-invariant GEMM (CUDA): a smaller tile (another K step) for up to 64 rows, as a graph bucket might get",
+    M("batch-invariant-gemm-split-small", "nanovllm_ref/kernels/matmul.py", "    return out.view(*shape[:-1], n)",
+      "    if 1 < m <= 64:\n        h = k // 2\n        out = ((x2[:, :h] @ weight[:, :h].T).float()"
+      " + (x2[:, h:] @ weight[:, h:].T).float() + (0 if bias is None else bias.float())).to(x.dtype)\n"
+      "    return out.view(*shape[:-1], n)",
+      "batch-invariant GEMM (CUDA): steps of 2-64 rows take a split-K product (two halves of K summed)",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
 )
 

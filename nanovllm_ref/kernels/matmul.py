@@ -6,8 +6,9 @@ the batch ("Defeating Nondeterminism in LLM Inference", Thinking Machines, 2025,
 vLLM's `VLLM_BATCH_INVARIANT`). The engine's `batch_invariant=True` mode sends every linear layer and the LM head
 here:
 
-- CUDA (`invariant_linear`): one Triton kernel with one tile configuration (:data:`TILE`) for every shape and
-  no split-K, so each output element is its K products summed BLOCK_K at a time in the same order whatever M is.
+- CUDA (`invariant_linear`): one Triton kernel, its tile a function of the layer (:data:`TILE`, or
+  :data:`NARROW_TILE` for narrow outputs) and never of the row count, and no split-K, so each output element is
+  its K products summed BLOCK_K at a time in the same order whatever M is.
   The row count is a runtime argument compiled once (no specialization on it), so CUDA-graph buckets and eager
   steps run the same code.
 - CPU and the reference (`invariant_linear_reference`): the rows go through the BLAS :data:`ROW_TILE` at a time
@@ -34,10 +35,11 @@ from ._triton_common import dot_precision, tl, triton, upcast_dots
 
 ROW_TILE = 16  # CPU: rows per BLAS call
 
-# the one tile of the CUDA kernel: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); a sweep may override
-# it with NANOVLLM_REF_INVARIANT_TILE="64,128,64,8,4,4" (read at each call, like NANOVLLM_REF_SLOW_KERNELS)
-TILE = (64, 128, 64, 8, 4, 4)
-
+# the CUDA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), a function of the layer's output
+# width only (never of the row count): narrow layers (o_proj, down_proj) take 32 columns per program, so a decode
+# step of 256 rows still spreads over ~128 programs without splitting K. NANOVLLM_REF_INVARIANT_TILE and
+# NANOVLLM_REF_INVARIANT_TILE_NARROW ("64,128,64,8,4,4") override them for sweeps (perf/invariant_tile.py)
+TILE, NARROW_TILE, NARROW_N = (64, 128, 64, 8, 4, 4), (64, 32, 64, 8, 4, 4), 2048
 
 def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                                ) -> torch.Tensor:
@@ -58,18 +60,21 @@ def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torc
     return out.view(*shape[:-1], weight.shape[0])
 
 
-def tile() -> tuple[int, ...]:
-    override = os.environ.get("NANOVLLM_REF_INVARIANT_TILE")
-    return tuple(int(v) for v in override.split(",")) if override else TILE
+def tile(n: int) -> tuple[int, ...]:
+    """The tile of a layer of output width n (honours the sweep overrides, read at each call)."""
+    name, default = ("NANOVLLM_REF_INVARIANT_TILE_NARROW", NARROW_TILE) if n <= NARROW_N else (
+        "NANOVLLM_REF_INVARIANT_TILE", TILE)
+    override = os.environ.get(name)
+    return tuple(int(v) for v in override.split(",")) if override else default
 
 
 if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _matmul_kernel(
-        a_ptr, w_ptr, c_ptr, bias_ptr, M, N, K,
-        stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
-        HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        a_ptr, w_ptr, c_ptr, bias_ptr, M, N, K,  # a (M, K), w (N, K), c (M, N); K contiguous in a and w
+        stride_am, stride_wn, stride_cm,
+        HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
         # grouped program order (the Triton matmul tutorial): GROUP_M row tiles share each weight tile in L2
@@ -83,38 +88,45 @@ if triton is not None:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
-        a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am  # (BLOCK_M, 1)
-        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn  # (1, BLOCK_N)
+        # rows past M / columns past N wrap onto valid ones (unmasked loads); their results are never stored, and a
+        # row's products never mix with another row's
+        a_ptrs = a_ptr + (offs_m % M).to(tl.int64)[:, None] * stride_am + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
+        w_ptrs = w_ptr + (offs_n % N).to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # the same K order for every row: no split-K
-            k = k0 + offs_k
-            a = tl.load(a_rows + k[None, :] * stride_ak, mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
-            w = tl.load(w_cols + k[:, None] * stride_wk, mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-            if UPCAST:  # the interpreter (see _triton_common.upcast_dots)
-                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            if EVEN_K:
+                a, w = tl.load(a_ptrs), tl.load(w_ptrs)
             else:
-                acc = tl.dot(a, w, acc, input_precision=PREC)
+                k_ok = (k0 + offs_k < K)[None, :]
+                a, w = tl.load(a_ptrs, mask=k_ok, other=0.0), tl.load(w_ptrs, mask=k_ok, other=0.0)
+            if UPCAST:  # the interpreter (see _triton_common.upcast_dots)
+                acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton version of `invariant_linear_reference` (same arguments), one tile for every shape."""
+    """Triton version of `invariant_linear_reference` (same arguments), one tile per layer for every row count."""
     assert triton is not None, "invariant_linear needs triton; use invariant_linear_reference"
     shape, k = x.shape, x.shape[-1]
     x2 = x.reshape(-1, k)
+    x2, weight = (t if t.stride(-1) == 1 else t.contiguous() for t in (x2, weight))
     m, n = x2.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        block_m, block_n, block_k, group_m, warps, stages = tile()
+        block_m, block_n, block_k, group_m, warps, stages = tile(n)
         grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
         _matmul_kernel[grid](
-            x2, weight, out, bias if bias is not None else out, m, n, k,
-            *x2.stride(), *weight.stride(), *out.stride(),
+            x2, weight, out, bias if bias is not None else out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),
             HAS_BIAS=bias is not None, UPCAST=upcast_dots(x.device), PREC=dot_precision(x.dtype),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=warps, num_stages=stages,
+            EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+            num_warps=warps, num_stages=stages,
         )
     return out.view(*shape[:-1], n)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The batch-invariant mode on one GPU, in one run (logs into $1, default $OUT):
-#   1. the GEMM tile sweep (perf/invariant_tile.py); its best tile is used for the rest of the run;
+#   1. the GEMM tile sweep (perf/invariant_tile.py; NO_SWEEP=1 skips it), against the tiles in kernels/matmul.py;
 #   2. the headline, default mode then batch-invariant mode (one engine at a time, nothing else on the GPU);
 #   3. side by side (small KV budgets): the exact invariance module in batch-invariant mode on every golden and on
 #      Qwen3-0.6B's shape with random weights (20 compositions), the same in default mode (expected to fail), and
@@ -12,11 +12,6 @@ L=${1:-${OUT:-/tmp/batch_invariant}}; TRIALS=${2:-20}; CT=${3:-180}
 mkdir -p "$L/logs"; P=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 [ -z "${NO_SWEEP:-}" ] && $P -m perf.invariant_tile --json "$L/logs/tile.json" > "$L/logs/tile.log" 2>&1
-T=$($P -c "import json;print(json.load(open('$L/logs/tile.json')).get('best') or '')" 2>/dev/null)
-TN=$($P -c "import json;print(json.load(open('$L/logs/tile.json')).get('best_narrow') or '')" 2>/dev/null)
-[ -n "$T" ] && export NANOVLLM_REF_INVARIANT_TILE=$T
-[ -n "$TN" ] && export NANOVLLM_REF_INVARIANT_TILE_NARROW=$TN
-echo "tile: ${T:-default}, narrow: ${TN:-default}"
 B="$P -m nanovllm_ref.testing.bench --arch qwen3-0.6b --workload headline --temperature 0 --repeat 1 --no-save --no-progress --no-ceilings"
 $B --json "$L/logs/headline_default.json" > "$L/logs/headline_default.log" 2>&1
 $B --batch-invariant --json "$L/logs/headline_invariant.json" > "$L/logs/headline_invariant.log" 2>&1

@@ -7,18 +7,18 @@ and a prefill step of 8,192 rows, weighted by how often the headline runs them (
 steps; the LM head at 256 rows in both), and checked: within bf16 rounding of F.linear, and a row bitwise the
 same alone and at row 200 of 256 (a tile that is not invariant is dropped). The wide layers (qkv, gate_up, LM
 head) and the narrow ones (o_proj, down_proj: kernels/matmul.py's NARROW_N) are timed apart: `best` and
-`best_narrow` are the fastest invariant tiles of each, in NANOVLLM_REF_INVARIANT_TILE(_NARROW)'s format.
+`best_narrow` are the fastest invariant tiles of each (the candidates are set as the module's TILE and NARROW_TILE).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 import torch.nn.functional as F
 
+from nanovllm_ref.kernels import matmul
 from nanovllm_ref.kernels.matmul import NARROW_N, invariant_linear
 
 # (K, N) of Qwen3-0.6B's qkv, o, gate_up, down projections, then the LM head
@@ -62,7 +62,7 @@ def weighted_ms(product, narrow: bool | None = None) -> float:
 
 
 def invariant(tile: str) -> bool:
-    os.environ["NANOVLLM_REF_INVARIANT_TILE"] = os.environ["NANOVLLM_REF_INVARIANT_TILE_NARROW"] = tile
+    matmul.TILE = matmul.NARROW_TILE = tuple(int(v) for v in tile.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     for k, n in (*SHAPES, LM_HEAD):
         w = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) / 16

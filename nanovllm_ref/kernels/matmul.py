@@ -27,8 +27,6 @@ What the mode makes invariant, and what not (with the attention side, kernels/in
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._triton_common import dot_precision, tl, triton, upcast_dots
@@ -37,8 +35,7 @@ ROW_TILE = 16  # CPU: rows per BLAS call
 
 # the CUDA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), a function of the layer's output
 # width only (never of the row count): narrow layers (o_proj, down_proj) take 32 columns per program, so a decode
-# step of 256 rows still spreads over ~128 programs without splitting K. NANOVLLM_REF_INVARIANT_TILE and
-# NANOVLLM_REF_INVARIANT_TILE_NARROW ("64,128,64,8,4,4") override them for sweeps (perf/invariant_tile.py)
+# step of 256 rows still spreads over ~128 programs without splitting K (perf/invariant_tile.py sweeps them)
 TILE, NARROW_TILE, NARROW_N = (64, 128, 64, 8, 4, 4), (64, 32, 64, 8, 4, 4), 2048
 
 def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -58,14 +55,6 @@ def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torc
     if bias is not None:
         out = out + bias  # elementwise, after the product: the same for every row count
     return out.view(*shape[:-1], weight.shape[0])
-
-
-def tile(n: int) -> tuple[int, ...]:
-    """The tile of a layer of output width n (honours the sweep overrides, read at each call)."""
-    name, default = ("NANOVLLM_REF_INVARIANT_TILE_NARROW", NARROW_TILE) if n <= NARROW_N else (
-        "NANOVLLM_REF_INVARIANT_TILE", TILE)
-    override = os.environ.get(name)
-    return tuple(int(v) for v in override.split(",")) if override else default
 
 
 if triton is not None:
@@ -120,7 +109,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     m, n = x2.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        block_m, block_n, block_k, group_m, warps, stages = tile(n)
+        block_m, block_n, block_k, group_m, warps, stages = NARROW_TILE if n <= NARROW_N else TILE
         grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
         _matmul_kernel[grid](
             x2, weight, out, bias if bias is not None else out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),

@@ -16,13 +16,16 @@ here:
 
 What the mode makes invariant, and what not (with the attention side, kernels/invariant_attention.py):
 - invariant: a request's tokens and logprobs across batch composition and size, its position in the batch,
-  prompt chunking (any chunk budget), prefix-cache hits, CUDA-graph buckets and eager steps, async scheduling,
-  preemption and recompute; decode-time and prefill-time logits of a token are the same computation (one
-  attention kernel with one tile for both), so decode and re-prefill logprobs agree bitwise;
+  prompt chunking (any chunk budget), prefix-cache hits, CUDA-graph buckets and eager steps, async scheduling;
+  decode-time and prefill-time logits of a token are one computation (one attention kernel with one tile for
+  both), so decode and re-prefill logprobs agree bitwise, which is also why recompute after preemption gives the
+  same cache (that case is not in the tests);
+- the CPU path relies on the BLAS computing a row alike wherever it sits in a product of a fixed shape (torch's
+  CPU BLAS does, tests/kernels/test_matmul.py checks it; numpy's OpenBLAS, e.g., does not);
 - not invariant: across GPUs, drivers, triton or torch versions, dtypes, devices (CPU vs CUDA), tensor-parallel
-  sizes (TP > 1 sums partial products in the all-reduce's order, which NCCL chooses); the mode says nothing of
-  MoE routing ties beyond what equal logits give (equal inputs give equal routes); fp8 KV scales and kernels
-  follow the same rules but are not covered by its tests.
+  sizes (TP > 1 sums partial products in the all-reduce's order, which NCCL chooses); MoE routing is per token
+  (equal inputs give equal routes, ties broken by index) but the mode is tested on two small MoE checkpoints only;
+  an fp8 KV cache goes through the same kernels, untested in this mode.
 """
 
 from __future__ import annotations

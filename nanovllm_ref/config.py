@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument ch
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "auto": the model dtype; "fp8" = "fp8_e4m3" (vLLM's names)
+INVARIANT_BACKENDS = ("auto", "torch", "triton")  # batch_invariant=True: "auto" is torch on the CPU, triton on CUDA
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class Config:
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
+        if self.batch_invariant and self.attention_backend not in INVARIANT_BACKENDS:
+            raise ValueError(f"batch_invariant=True needs attention_backend in {INVARIANT_BACKENDS} (the fixed-order "
+                             f"paths), got {self.attention_backend!r}")
         check_int("seed", self.seed, 0)
         check_int("cpu_threads", self.cpu_threads, 1, none_ok=True)
         if self.load_format not in ("auto", "dummy"):
@@ -204,8 +208,8 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
     backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size)
-    if config.batch_invariant:
-        backend = invariant_backend(config.attention_backend, backend, device)
+    if config.batch_invariant and config.attention_backend == "auto":
+        backend = "torch" if device == "cpu" else "triton"
     return RunnerSpec(
         model_path=config.model, device=device, dtype=dtype, batch_invariant=config.batch_invariant,
         kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
@@ -217,15 +221,6 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
         enforce_eager=config.enforce_eager, load_format=config.load_format,
         cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
-
-
-def invariant_backend(asked: str, resolved: str, device: str) -> str:
-    """batch_invariant=True: the backends that reduce each query in a fixed order (torch on the CPU, triton on CUDA)."""
-    if asked == "auto":
-        return "torch" if device == "cpu" else "triton"
-    if resolved not in ("torch", "triton"):
-        raise ValueError(f"batch_invariant=True needs attention_backend 'auto', 'torch' or 'triton', got {asked!r}")
-    return resolved
 
 
 def auto_cpu_threads(hidden_size: int, tp: int) -> int:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from nanovllm_ref import LLM, SamplingParams
-from nanovllm_ref.config import Config, invariant_backend
+from nanovllm_ref.config import Config, ModelConfig, resolve_spec
 
 from ..conftest import checkpoint_path
 
@@ -22,9 +22,14 @@ def test_config_flag() -> None:
     with pytest.raises(ValueError, match="batch_invariant must be a bool"):
         Config(model="m", batch_invariant=1)
     with pytest.raises(ValueError, match="batch_invariant=True needs attention_backend"):
-        invariant_backend("sdpa", "sdpa", "cpu")
-    assert invariant_backend("auto", "sdpa", "cpu") == "torch"
-    assert invariant_backend("auto", "flash-attn", "cuda") == "triton"
+        Config(model="m", batch_invariant=True, attention_backend="sdpa")
+    path = str(checkpoint_path(MODEL))
+    from transformers import AutoConfig
+
+    model = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    spec = resolve_spec(Config(model=path, device="cpu", batch_invariant=True), model)
+    assert spec.batch_invariant and spec.backend == "torch"  # "auto" on the CPU: the fixed-order torch path
+    assert resolve_spec(Config(model=path, device="cpu"), model).backend == "sdpa"
 
 
 def _fillers(n: int, seed: int) -> list[list[int]]:

@@ -33,22 +33,18 @@ def invariant_prefill_tile(num_heads: int, num_kv_heads: int) -> dict[str, int]:
     return {"BLOCK_Q": max(1, UNIT_ROWS // block_g), "BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
 
 
-def _units(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens_per_unit: int,
+def _units(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: int,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(seq (U,), token row (U, tokens_per_unit), position (U, tokens_per_unit)); rows past a sequence's queries
-    have position -1 (they are dropped) and token row 0."""
-    seqs, rows, positions = [], [], []
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    for s, seq_len in enumerate(lens):
-        q_len = starts[s + 1] - starts[s]
-        for t in range(0, q_len, tokens_per_unit):
-            n = min(tokens_per_unit, q_len - t)
-            seqs.append(s)
-            rows.append([starts[s] + t + i for i in range(n)] + [0] * (tokens_per_unit - n))
-            positions.append([seq_len - q_len + t + i for i in range(n)] + [-1] * (tokens_per_unit - n))
-    dev = seq_lens.device
-    return (torch.tensor(seqs, dtype=torch.long, device=dev), torch.tensor(rows, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev))
+    """(seq (U,), token row (U, tokens), position (U, tokens)) of each unit of `tokens` query tokens of one sequence;
+    rows past a sequence's queries have position -1 (they are dropped) and token row 0."""
+    q_lens = query_start_loc.diff().long()
+    per_seq = -(-q_lens // tokens)  # (S,) units of each sequence
+    seq = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=q_lens.device), per_seq)  # (U,)
+    nth = torch.arange(seq.shape[0], device=seq.device) - (per_seq.cumsum(0) - per_seq)[seq]  # unit in its sequence
+    offs = nth[:, None] * tokens + torch.arange(tokens, device=seq.device)  # (U, tokens) query index in the sequence
+    valid = offs < q_lens[seq, None]
+    rows = torch.where(valid, query_start_loc[seq, None].long() + offs, 0)
+    return seq, rows, torch.where(valid, (seq_lens.long() - q_lens)[seq, None] + offs, -1)
 
 
 def invariant_attention_reference(

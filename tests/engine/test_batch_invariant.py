@@ -13,7 +13,7 @@ from nanovllm_ref.config import Config, ModelConfig, resolve_spec
 
 from ..conftest import checkpoint_path
 
-MODEL = "qwen3-gqa4"  # GQA group 2: the attention units pack tokens x heads
+MODEL = "qwen3-tiny"  # GQA group 2: the attention units pack tokens x heads
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=5)
 NEEDLE = list(range(40, 100))  # 60 tokens: several key tiles, four 16-token blocks
 

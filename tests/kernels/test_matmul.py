@@ -107,3 +107,17 @@ def test_invariant_attention_value_and_chunk_invariance():
     beside = run([other, q_all[token:]], [30, 1], [45, n], [1, 0])[30]
     for name, got in (("a 5-token chunk", tail), ("a decode step", decode), ("beside a 30-token chunk", beside)):
         assert torch.equal(got, whole), f"the token's output in {name} differs from the whole prompt's"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_split_k_paths_agree_bitwise(bias):
+    """The split-K configuration: its two paths (each program adds its K splits in order, or a second pass adds the
+    float32 partials in order) are the same operations, so the same bits; and the value is the product's."""
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    x = torch.randn(37, 200, generator=gen, device=DEVICE)  # K = 200
+    w = torch.randn(80, 200, generator=gen, device=DEVICE)
+    b = torch.randn(80, generator=gen, device=DEVICE) if bias else None
+    config = (16, 32, 32, 2, 4, 2, 3)  # K_SPLIT 96 (a multiple of BLOCK_K): splits of 96, 96 and 8
+    serial, parts = (invariant_linear(x, w, b, config=config, serial=s) for s in (True, False))
+    assert relative_error(parts, F.linear(x, w, b)) < 1e-5
+    assert torch.equal(serial, parts)

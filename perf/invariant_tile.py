@@ -33,10 +33,11 @@ SPLITS = {1024: (1, 2, 3, 4), 2048: (1, 2, 4, 8), 3072: (1, 2, 3, 6)}
 
 
 def candidates(n: int, k: int) -> list[tuple[int, ...]]:
-    """Those nearest two programs per SM (264 on the H200) at a decode step of 256 rows first."""
+    """Every unsplit tile first, then the splits nearest two programs per SM (264 on the H200) at a decode step of
+    256 rows (a first sweep found the wide layers fastest unsplit, the narrow ones split)."""
     splits = (1,) if n > 16384 else SPLITS.get(k, (1, 2, 4))
     configs = [(*map(int, t.split(",")), s) for s in splits for t in TILES]
-    return sorted(configs, key=lambda c: abs(math.log(-(-256 // c[0]) * -(-n // c[1]) * c[6] / 264)))
+    return sorted(configs, key=lambda c: (c[6] > 1, abs(math.log(-(-256 // c[0]) * -(-n // c[1]) * c[6] / 264))))
 
 
 def _time(fn, calls: int = 10, reps: int = 5) -> float:

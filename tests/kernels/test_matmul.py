@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nanovllm_ref.kernels import matmul
 from nanovllm_ref.kernels.invariant_attention import KEY_TILE, invariant_attention_reference
 from nanovllm_ref.kernels.matmul import ROW_TILE, invariant_linear, invariant_linear_reference
 from nanovllm_ref.kernels.prefill_attention import prefill_attention_reference
@@ -121,3 +122,14 @@ def test_split_k_paths_agree_bitwise(bias):
     serial, parts = (invariant_linear(x, w, b, config=config, serial=s) for s in (True, False))
     assert relative_error(parts, F.linear(x, w, b)) < 1e-5
     assert torch.equal(serial, parts)
+
+
+def test_configuration_is_per_layer_shape():
+    """The measured table covers the headline model's layers with valid configurations; other shapes take the
+    module's default tiles unsplit (never anything chosen by the row count: gemm_config takes no row count)."""
+    table = matmul._tuned()
+    assert (1024, 3072) in table and (4096, 1024) in table
+    for (n, k), (block_m, block_n, block_k, _group_m, warps, _stages, split) in table.items():
+        assert all(b & (b - 1) == 0 for b in (block_m, block_n, block_k, warps)) and 1 <= split <= k // block_k
+        assert matmul.gemm_config(n, k) == table[n, k]
+    assert matmul.gemm_config(80, 96) == matmul.NARROW_TILE and matmul.gemm_config(4096, 96) == matmul.TILE

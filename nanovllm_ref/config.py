@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "auto": the model dtype; "fp8" = "fp8_e4m3" (vLLM's names)
 LOAD_FORMATS = ("auto", "dummy")
+INVARIANT_BACKENDS = ("auto", "torch", "triton")  # batch_invariant=True: "auto" is torch on the CPU, triton on CUDA
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class Config:
     # torch intra-op threads of a CPU engine (process-wide, set per rank); None: OMP_NUM_THREADS or the usable
     # cores, divided among TP ranks, and at most hidden_size // 256 (tiny models lose time to idle-spinning threads)
     cpu_threads: int | None = None
+    # a request's tokens and logprobs bitwise independent of the rest of the batch (kernels/matmul.py says how)
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -69,11 +72,14 @@ class Config:
             raise ValueError(f"kvcache_block_size must be a power of two >= 16, got {bs}")
         check_number("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_number("kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0, math.inf, low_open=True)
-        check_bools(self, "enable_prefix_caching", "enforce_eager")
+        check_bools(self, "enable_prefix_caching", "enforce_eager", "batch_invariant")
         if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
             raise ValueError(f"async_scheduling must be a bool or None (on CUDA only), got {self.async_scheduling!r}")
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
+        if self.batch_invariant and self.attention_backend not in INVARIANT_BACKENDS:
+            raise ValueError(f"batch_invariant=True needs attention_backend in {INVARIANT_BACKENDS} (the fixed-order "
+                             f"paths), got {self.attention_backend!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> Config:
@@ -174,10 +180,12 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
     if window and max_model_len > window:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
+    backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size)
+    if config.batch_invariant and config.attention_backend == "auto":
+        backend = "torch" if device == "cpu" else "triton"
     return RunnerSpec(
         config, device, dtype, kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
-        backend=resolve_backend_name(config.attention_backend, device, config.kvcache_block_size),
-        max_model_len=max_model_len,
+        backend=backend, max_model_len=max_model_len,
         cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
 

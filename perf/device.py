@@ -7,7 +7,8 @@
     python -m perf.device kernels --logs DIR          # logs and JSON into DIR
 
 Plans (every command is a public tool of this repository; nothing here has numbers of its own):
-- `headline`: nano-vllm's workload on Qwen3-0.6B, greedy and t=0.6 (3 runs each, ceilings measured in the run),
+- `headline`: nano-vllm's workload on Qwen3-0.6B, greedy and t=0.6, and greedy in `batch_invariant=True` mode (3 runs
+  each, ceilings measured in the run),
   batch-1 / batch-64 latency, and where the GPU idles over a run (perf/idle_timeline.py);
 - `peers`: transformers' continuous batching on the same workload (perf/peers.py), plain and with CUDA graphs;
 - `profile`: the step-time breakdown (perf/profile_step.py);
@@ -116,6 +117,8 @@ PLANS = {p.name: p for p in (
         Step("headline_t0", (*BENCH, "--temperature", "0", "--repeat", "3", "--no-progress",
                              "--json", "{logs}/headline_t0.json"), 200),
         Step("headline_t0.6", (*BENCH, "--repeat", "3", "--no-progress", "--json", "{logs}/headline_t0.6.json"), 200),
+        Step("headline_invariant_t0", (*BENCH, "--temperature", "0", "--batch-invariant", "--repeat", "3",
+                                       "--no-progress", "--json", "{logs}/headline_invariant_t0.json"), 200),
         Step("latency", (*BENCH, "--mode", "latency", "--no-progress", "--json", "{logs}/latency.json"), 200),
         Step("idle_timeline", ("{python}", "-m", "perf.idle_timeline"), 150))),
     Plan("peers", "transformers continuous batching on the headline workload", (

@@ -88,6 +88,16 @@ def test_headline_throughput_fp8_kv(benchmark, engines, perf_model, shape, ceili
 
 
 @pytest.mark.gpu
+def test_headline_throughput_batch_invariant(benchmark, engines, perf_model, shape, ceilings):
+    """The headline in batch_invariant mode (one-tile GEMMs, one attention tile, kernels/matmul.py): its own case, so
+    the gate tracks the mode's cost apart from the default's."""
+    arch, model = perf_model
+    llm = engines.get(arch=arch, model=model, batch_invariant=True)
+    benchmark.group = "engine_throughput"
+    _throughput(benchmark, llm, workloads.headline(), shape, ceilings, ENGINE_ROUNDS)
+
+
+@pytest.mark.gpu
 def test_prefix_heavy_throughput(benchmark, engines, perf_model, shape, ceilings):
     arch, model = perf_model
     llm = engines.get(arch=arch, model=model)

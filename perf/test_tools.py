@@ -85,6 +85,15 @@ def test_bench_engine_fp8_kv_smoke(tmp_path):
     assert rec["config"]["kv_cache_dtype"] == "fp8" and rec["throughput"]["output_tokens"] > 0
 
 
+@pytest.mark.smoke
+def test_bench_engine_batch_invariant_smoke(tmp_path):
+    out = tmp_path / "r.json"
+    assert bench_cli.main(["--arch", "tiny", "--workload", "smoke", "--device", "cpu", "--max-model-len", "256",
+                           "--batch-invariant", "--no-ceilings", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["config"]["batch_invariant"] is True and rec["throughput"]["output_tokens"] > 0
+
+
 def test_baseline_storage_is_per_device(pytestconfig):
     assert slug("NVIDIA H200") == "nvidia-h200" and slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     storage = getattr(pytestconfig.option, "benchmark_storage", None)

@@ -60,6 +60,10 @@ TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  
 DETOK_TESTS = "tests/engine/test_detokenizer.py"
 FP8_ENGINE, FP8_KERNELS = "tests/engine/test_fp8_kv_cache.py", "tests/kernels/test_kernel_fp8_kv.py"
 FP8_TIER = ("conformance/test_fp8_kv.py",)
+INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
+INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
+                    "batch_invariant=true")
+INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
 
 
 M = Mutant
@@ -465,6 +469,39 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-decode-v-scale-axis", "nanovllm_ref/kernels/decode_attention.py",
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + 2 * kvh + 1)",
       "FP8 KV Triton decode: the V scale read from a (kv_heads, 2) layout", (FP8_KERNELS,), FP8_TIER),
+    # batch-invariant mode (kernels/matmul.py, kernels/invariant_attention.py): caught by the invariance module in
+    # exact mode with the mode on; the CUDA sites by the same module on the GPU (bf16)
+    M("batch-invariant-gemm-fallback", "nanovllm_ref/layers/linear.py",
+      "(batch_invariant_linear if self.batch_invariant else F.linear)",
+      "(batch_invariant_linear if self.batch_invariant and x.shape[0] >= 8 else F.linear)",
+      "batch-invariant mode: steps of under 8 rows (a lone decode) take the BLAS's own product", (INVARIANT_TESTS,),
+      INVARIANCE_EXACT),
+    M("batch-invariant-split-by-batch", "nanovllm_ref/kernels/invariant_attention.py",
+      "tile = KEY_TILE  # never chosen by the batch or the chunk",
+      "tile = KEY_TILE if seq_lens.shape[0] > 1 else -(-int(seq_lens.max()) // KEY_TILE) * KEY_TILE",
+      "batch-invariant attention (CPU): a lone sequence reduces its keys in one split, a batch in tiles",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT),
+    M("batch-invariant-chunk-rows", "nanovllm_ref/kernels/invariant_attention.py",
+      "tokens = max(1, UNIT_ROWS // group)", "tokens = max(1, int(query_start_loc.diff().max()))",
+      "batch-invariant attention (CPU): a product's rows are the step's longest chunk, so its shape follows the chunk",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT),
+    M("batch-invariant-decode-split", "nanovllm_ref/attention/triton_backend.py",
+      "        if self.batch_invariant:  # decode steps too",
+      "        if self.batch_invariant and not meta.decode_only:  #",
+      "batch-invariant mode (CUDA): decode steps take the split-K decode kernel, its split count chosen by the batch",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    M("batch-invariant-prefill-tile-by-chunk", "nanovllm_ref/attention/triton_backend.py",
+      "tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))",
+      "tile_config={**invariant_prefill_tile(self.num_heads, self.num_kv_heads), "
+      "'BLOCK_N': 64 if meta.max_query_len == 1 else 32})",
+      "batch-invariant mode (CUDA): steps with prompt chunks reduce keys 32 at a time, decode steps 64 at a time",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    M("batch-invariant-gemm-split-small", "nanovllm_ref/kernels/matmul.py", "    return out.view(*shape[:-1], n)",
+      "    if 1 < m <= 64:\n        h = k // 2\n        out = ((x2[:, :h] @ weight[:, :h].T).float()"
+      " + (x2[:, h:] @ weight[:, h:].T).float() + (0 if bias is None else bias.float())).to(x.dtype)\n"
+      "    return out.view(*shape[:-1], n)",
+      "batch-invariant GEMM (CUDA): steps of 2-64 rows take a split-K product (two halves of K summed)",
+      (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
 )
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from .mutation import IGNORE, OPTIONS, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
 
 KERNEL_MODULE = "conformance/test_kernels.py"
+INVARIANCE_MODULE = "conformance/test_batch_invariance.py"
 # a fixed KV cache: sized from free memory (90% of the GPU by default), two engines started at once would
 # each count the other's cache against their own budget, and the kernel tests next to them would run out
 GOLDEN_GPU = ("conformance/test_golden.py", "-m", "gpu", "--engine-arg", "num_kvcache_blocks=1024")
@@ -67,6 +68,8 @@ def gpu_args(m: Mutant) -> tuple[str, ...]:
     """The pytest arguments (after OPTIONS) of the mutant's GPU conformance run."""
     if KERNEL_MODULE in m.conformance:
         return (*m.conformance, "-m", "gpu", *m.gpu_args)
+    if INVARIANCE_MODULE in m.conformance:  # its CPU run, moved to CUDA by the gpu_args (device, dtype)
+        return (*m.conformance, *m.gpu_args)
     return (*GOLDEN_GPU, *m.gpu_args)
 
 

@@ -12,6 +12,7 @@ import os
 import torch
 
 from ..kernels.decode_attention import decode_attention
+from ..kernels.invariant_attention import invariant_prefill_tile
 from ..kernels.prefill_attention import prefill_attention
 from ..kernels.store_kv import store_kv
 from .base import AttentionBackend
@@ -20,6 +21,7 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 class TritonBackend(AttentionBackend):
     fused_store_ok = True
+    batch_invariant = False  # the engine's batch_invariant mode: every step through one prefill tile
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:
@@ -32,6 +34,10 @@ class TritonBackend(AttentionBackend):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if self.batch_invariant:  # decode steps too: no batch-dependent split, one tile (kernels/invariant_attention)
+            return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                     self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales,
+                                     tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))
         if meta.decode_only:
             return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                                     max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),

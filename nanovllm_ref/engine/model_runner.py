@@ -92,6 +92,10 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if spec.config.batch_invariant:  # read per module (not a global): engines side by side keep their own mode
+            for m in (*self.model.modules(), *(a.backend for a in self.attn_layers)):
+                if hasattr(m, "batch_invariant"):
+                    m.batch_invariant = True
         self.kv_dtype = spec.kv_dtype
         if self.kv_dtype == FP8:
             self._set_kv_scales()

@@ -16,6 +16,8 @@ are summed as above. The alignment is done with device ops of static size (no ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +31,7 @@ def fused_moe_ref(
     w_down: torch.Tensor,  # (E, H, I)
     topk_weights: torch.Tensor,  # (T, K) in x.dtype
     topk_ids: torch.Tensor,  # (T, K) integer expert ids
+    linear: Callable = F.linear,  # the product (the batch-invariant mode passes kernels/matmul.py's)
 ) -> torch.Tensor:  # (T, H)
     """Pure-torch reference: a loop over the experts that have tokens, each row written to its (token, slot)."""
     num_tokens, k = topk_ids.shape
@@ -36,8 +39,8 @@ def fused_moe_ref(
     rows = x.new_zeros(num_tokens * k, x.shape[1])  # (T * K, H): one row per (token, slot)
     for e in flat_ids.unique().tolist():
         pairs = (flat_ids == e).nonzero().squeeze(1)  # (n_e,) indices into the (token, slot) pairs
-        h = silu_and_mul_reference(F.linear(x[pairs // k], w_gate_up[e]))  # (n_e, I)
-        rows[pairs] = F.linear(h, w_down[e]) * flat_w[pairs, None]
+        h = silu_and_mul_reference(linear(x[pairs // k], w_gate_up[e]))  # (n_e, I)
+        rows[pairs] = linear(h, w_down[e]) * flat_w[pairs, None]
     return rows.view(num_tokens, k, -1).sum(dim=1)
 
 
@@ -104,11 +107,12 @@ if triton is not None:
 
 
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor,
-                  num_pairs: int, a_row_div: int, weights: torch.Tensor | None, block_m: int) -> torch.Tensor:
+                  num_pairs: int, a_row_div: int, weights: torch.Tensor | None, block_m: int,
+                  invariant: bool = False) -> torch.Tensor:
     """(S, N) rows: pair p gets A[p // a_row_div] @ W[expert(p)].T (times its routing weight if given)."""
     n, k = w.shape[1], w.shape[2]
     c = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
-    block_n = 64 if n <= 1024 or num_pairs <= 1024 else 128
+    block_n = 64 if n <= 1024 or num_pairs <= 1024 or invariant else 128
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
         a, w, c, sorted_pairs, block_expert, weights if weights is not None else c,
@@ -121,17 +125,18 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, 
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-    """Triton version of `fused_moe_ref`, same arguments (two grouped-GEMM launches, see the module docstring)."""
+              topk_ids: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    """Triton version of `fused_moe_ref`, same arguments (two grouped-GEMM launches, see the module docstring);
+    `invariant`: one tile whatever the batch (the batch-invariant mode)."""
     num_tokens, k = topk_ids.shape
     if num_tokens == 0:
         return torch.zeros_like(x)
     x = x if x.stride(-1) == 1 else x.contiguous()
     pairs_per_expert = num_tokens * k / w_gate_up.shape[0]
-    block_m = 16 if pairs_per_expert <= 16 else 32 if pairs_per_expert <= 128 else 64
+    block_m = 16 if pairs_per_expert <= 16 or invariant else 32 if pairs_per_expert <= 128 else 64
     sorted_pairs, block_expert = moe_align(topk_ids, w_gate_up.shape[0], block_m)
     s = num_tokens * k
-    h = silu_and_mul(_grouped_gemm(x, w_gate_up, sorted_pairs, block_expert, s, k, None, block_m))  # (S, I)
+    h = silu_and_mul(_grouped_gemm(x, w_gate_up, sorted_pairs, block_expert, s, k, None, block_m, invariant))  # (S, I)
     weights = topk_weights.reshape(-1).contiguous()  # (S,)
-    rows = _grouped_gemm(h, w_down, sorted_pairs, block_expert, s, 1, weights, block_m)  # (S, H)
+    rows = _grouped_gemm(h, w_down, sorted_pairs, block_expert, s, 1, weights, block_m, invariant)  # (S, H)
     return rows.view(num_tokens, k, -1).sum(dim=1)  # (T, H)

@@ -142,7 +142,8 @@ if triton is not None:
 
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
-        o = acc / l_i[:, None]  # l_i >= 1 in every row: its maximal key contributes exp2(0)
+        # l_i >= 1 in every row (its maximal key contributes exp2(0)); 0 only for a padded graph slot (no keys)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_off = tok64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 

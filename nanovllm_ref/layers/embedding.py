@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, gather_last_dim_to_first_rank, tp_rank, tp_size
+from ..kernels.matmul import batch_invariant_linear
 from .linear import check_shape
 
 
@@ -39,6 +40,9 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    batch_invariant = False  # as LinearBase's
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # (n, vocab) on rank 0
-        logits = gather_last_dim_to_first_rank(F.linear(hidden, self.weight))
+        product = batch_invariant_linear if self.batch_invariant else F.linear
+        logits = gather_last_dim_to_first_rank(product(hidden, self.weight))
         return None if logits is None else logits[:, : self.vocab_size]

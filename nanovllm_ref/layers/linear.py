@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, divide, tp_rank, tp_size
+from ..kernels.matmul import batch_invariant_linear
 
 
 def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -21,6 +22,8 @@ def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, 
 
 
 class LinearBase(nn.Module):
+    batch_invariant = False  # set by the engine's batch_invariant mode: a row's result independent of the others
+
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
@@ -35,8 +38,11 @@ class LinearBase(nn.Module):
         check_shape(param, loaded, param.shape)
         param.data.copy_(loaded)
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return (batch_invariant_linear if self.batch_invariant else F.linear)(x, self.weight, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -117,6 +123,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if tp_size() == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = all_reduce(F.linear(x, self.weight))
+            return self.matmul(x, self.bias)
+        y = all_reduce(self.matmul(x, None))
         return y + self.bias if self.bias is not None else y

@@ -21,6 +21,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..distributed import all_reduce, divide, tp_rank, tp_size
 from ..kernels.fused_moe import fused_moe, fused_moe_ref
+from ..kernels.matmul import invariant_linear_reference
 from ..layers.linear import ReplicatedLinear, check_shape
 from .qwen3 import Qwen3ForCausalLM
 
@@ -60,6 +61,8 @@ class FusedExperts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
+    batch_invariant = False  # the engine's batch_invariant mode: one expert tile, row-tiled CPU products
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, bool(cfg.norm_topk_prob)
@@ -71,8 +74,11 @@ class SparseMoeBlock(nn.Module):
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # (T, K)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        moe = fused_moe if x.is_cuda else fused_moe_ref
-        return all_reduce(moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids))
+        args = (x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids)
+        if not self.batch_invariant:
+            return all_reduce((fused_moe if x.is_cuda else fused_moe_ref)(*args))
+        return all_reduce(fused_moe(*args, invariant=True) if x.is_cuda else
+                          fused_moe_ref(*args, linear=invariant_linear_reference))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

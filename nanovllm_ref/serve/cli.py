@@ -49,7 +49,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         raise UsageError(f"--config: not valid JSON ({e}): {args.config!r}") from None
     if not isinstance(kwargs, dict):
         raise UsageError(f"--config: a JSON object of LLM settings is needed, got {args.config!r}")
-    for name in ("dtype", "max_model_len", "device"):
+    for name in ("dtype", "max_model_len", "device", "batch_invariant"):
         if getattr(args, name, None) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs
@@ -87,6 +87,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--device", default=None, choices=DEVICES)
     p.add_argument("--config", default="{}", help='more engine config as JSON, e.g. \'{"max_num_seqs": 64}\'')
+    p.add_argument("--batch-invariant", action="store_true", default=None,
+                   help="a request's tokens and logprobs bitwise independent of the rest of the batch")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks for errors")
 
 

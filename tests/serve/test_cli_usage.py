@@ -42,6 +42,8 @@ MISTAKES = {
     "a prompt longer than the context": (["generate", "qwen3-tiny", "a b c d e f g h", "--max-model-len", "16",
                                           "--max-tokens", "15"], "exceeds max_model_len=16"),
     "an unknown flag": (["generate", "qwen3-tiny", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    "batch-invariant with sdpa": (["generate", "qwen3-tiny", "x", "--batch-invariant", "--config",
+                                   '{"attention_backend": "sdpa"}'], "batch_invariant=True needs attention_backend"),
     "no command": ([], "required: COMMAND"),
 }
 

@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype) | fp8 (1-byte KV, its roofline)")
+    p.add_argument("--batch-invariant", action="store_true", help="batch_invariant=True (kernels/matmul.py)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (nano-vllm's default: 256)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--latency-batches", default="1,64")
@@ -162,7 +163,8 @@ def _engine(args: argparse.Namespace, bar: Any) -> tuple[Any, float]:
                     max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens,
                     gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
-                    async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size)
+                    async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size,
+                    batch_invariant=args.batch_invariant)
     init_s = time.perf_counter() - t0
     _step(bar, f"engine built in {init_s:.1f} s; {llm.engine.block_manager.num_blocks} KV blocks")
     warmup(llm, max_prompt=min(1024, args.max_model_len // 2))

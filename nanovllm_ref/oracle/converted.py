@@ -14,15 +14,39 @@ with the converter's output kept beside the model (``convert.log``) for triage.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
+
+
+def import_engine(engine: str, module: str, pip: str) -> Any:
+    """The engine's package, or an ImportError saying which ``--engine`` needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"--engine {engine} needs the '{pip.split()[0]}' package ({e}); pip install {pip}") from e
+
+
+def check_request(model_path: str, dtype: str, quantization: str | None, quantizations: Mapping[str | None, str],
+                  architectures: Sequence[str], *, dtype_why: str, converter: str) -> None:
+    """What every converting adapter refuses before it converts anything, each with an error naming the field:
+    a ``dtype`` other than float32 (``dtype_why``: how this engine's precisions are chosen instead), a
+    ``quantization`` not among ``quantizations``' keys (None: float32), a checkpoint whose architecture
+    ``converter`` (the engine's converter, by name) does not take."""
+    if dtype != "float32":
+        raise ValueError(f"dtype {dtype!r}: {dtype_why}")
+    if quantization not in quantizations:
+        raise ValueError(f"quantization {quantization!r}: use one of {[q for q in quantizations if q]} or none")
+    arch = read_config(model_path)["architectures"][0]
+    if arch not in architectures:
+        raise ValueError(f"{converter} has no {arch}; it takes {tuple(architectures)}")
 
 
 def cache_root() -> Path:

@@ -46,7 +46,8 @@ def test_golden_bounds_by_position() -> None:
     assert max(b for _, b in tol.position_tol[:2]) < FLOOR["float32"] == tol.prompt_tol  # early: the floor holds
     assert tol.position_tol[2][1] == tol.position_tol[3][1] == pytest.approx(NOISE_FACTOR * 6.44e-5)
     assert "RoPE-angle spread" in tol.derivation
-    assert golden_tolerance("float32", checkpoint="qwen3-tiny").position_tol == ()  # 3 x spread under the floor
+    for name in ("qwen3-tiny", "qwen3-moe-tiny", "qwen3-words-hd32"):  # the mutants' checkpoints: bounds unchanged
+        assert golden_tolerance("float32", checkpoint=name).position_tol == ()  # 3 x spread under the floor
     assert golden_tolerance("bfloat16", checkpoint="qwen2-hd64").position_tol == ()
     assert golden_tolerance("float32").position_tol == ()  # no checkpoint: nothing measured
     assert tol.override(tol=1e-4).position_tol == ()  # a user's bound holds everywhere

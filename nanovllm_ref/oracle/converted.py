@@ -26,20 +26,18 @@ from typing import Any
 from .compare import EngineOutput
 
 
-def import_engine(engine: str, module: str, pip: str) -> Any:
-    """The engine's package, or an ImportError saying which ``--engine`` needs it and how to install it."""
+def checked_engine(engine: str, module: str, pip: str, model_path: str, dtype: str, quantization: str | None, *,
+                   quantizations: Mapping[str | None, str], architectures: Sequence[str], dtype_why: str,
+                   converter: str) -> Any:
+    """The engine's package, once the request passes what every converting adapter checks before it converts
+    anything: the package imports (else an ImportError naming ``--engine`` and the ``pip`` line), ``dtype`` is
+    float32 (``dtype_why``: how this engine's precisions are chosen instead), ``quantization`` is one of
+    ``quantizations``' keys (None: float32), and ``converter`` (the engine's converter, by name) takes the
+    checkpoint's architecture; each refusal names its field."""
     try:
-        return importlib.import_module(module)
+        package = importlib.import_module(module)
     except ImportError as e:
         raise ImportError(f"--engine {engine} needs the '{pip.split()[0]}' package ({e}); pip install {pip}") from e
-
-
-def check_request(model_path: str, dtype: str, quantization: str | None, quantizations: Mapping[str | None, str],
-                  architectures: Sequence[str], *, dtype_why: str, converter: str) -> None:
-    """What every converting adapter refuses before it converts anything, each with an error naming the field:
-    a ``dtype`` other than float32 (``dtype_why``: how this engine's precisions are chosen instead), a
-    ``quantization`` not among ``quantizations``' keys (None: float32), a checkpoint whose architecture
-    ``converter`` (the engine's converter, by name) does not take."""
     if dtype != "float32":
         raise ValueError(f"dtype {dtype!r}: {dtype_why}")
     if quantization not in quantizations:
@@ -47,6 +45,7 @@ def check_request(model_path: str, dtype: str, quantization: str | None, quantiz
     arch = read_config(model_path)["architectures"][0]
     if arch not in architectures:
         raise ValueError(f"{converter} has no {arch}; it takes {tuple(architectures)}")
+    return package
 
 
 def cache_root() -> Path:

@@ -25,15 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
-from .converted import (
-    check_request,
-    convert_once,
-    greedy_output,
-    import_engine,
-    log_softmax,
-    prompt_logprob_dicts,
-    run_converter,
-)
+from .converted import checked_engine, convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 QUANTIZATIONS = {None: "float32", "int8": "int8"}  # --engine-arg quantization -> compute_type
@@ -95,11 +87,11 @@ class CTranslate2Adapter:
 
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None,
                  inter_threads: int = 1, intra_threads: int = 1) -> None:
-        ctranslate2 = import_engine("ctranslate2", "ctranslate2", "ctranslate2")
-        check_request(model_path, dtype, quantization, QUANTIZATIONS, ARCHITECTURES,
-                      converter="CTranslate2's Transformers converter (ct2-transformers-converter)",
-                      dtype_why="CTranslate2's CPU build computes in float32 (or int8: --engine-arg "
-                      "quantization=int8, compared with the float32 goldens)")
+        ctranslate2 = checked_engine(
+            "ctranslate2", "ctranslate2", "ctranslate2", model_path, dtype, quantization, quantizations=QUANTIZATIONS,
+            architectures=ARCHITECTURES, converter="CTranslate2's Transformers converter (ct2-transformers-converter)",
+            dtype_why="CTranslate2's CPU build computes in float32 (or int8: --engine-arg quantization=int8, compared "
+            "with the float32 goldens)")
         self.quantization = None if quantization is None else f"ct2-{quantization}"
         self.model_dir = convert(model_path, quantization)
         self.vocab = token_strings(json.loads((self.model_dir / "vocabulary.json").read_text()))

@@ -30,15 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
-from .converted import (
-    check_request,
-    convert_once,
-    greedy_output,
-    import_engine,
-    log_softmax,
-    prompt_logprob_dicts,
-    run_converter,
-)
+from .converted import checked_engine, convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
                  "Qwen3MoeForCausalLM")
@@ -115,11 +107,11 @@ class LlamaCppAdapter:
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None,
                  llama_cpp_dir: str | None = None, n_ctx: int = 512, n_threads: int = 1,
                  kv_cache_type: str = "f32") -> None:
-        llama_cpp = import_engine("llamacpp", "llama_cpp", "llama-cpp-python")
-        check_request(model_path, dtype, quantization, OUTTYPES, ARCHITECTURES,
-                      converter="llama.cpp's convert_hf_to_gguf.py (as the adapter runs it)",
-                      dtype_why="GGUF types are chosen with --engine-arg quantization=bf16|q8_0 and compared with "
-                      "the float32 goldens under their tier")
+        llama_cpp = checked_engine(
+            "llamacpp", "llama_cpp", "llama-cpp-python", model_path, dtype, quantization, quantizations=OUTTYPES,
+            architectures=ARCHITECTURES, converter="llama.cpp's convert_hf_to_gguf.py (as the adapter runs it)",
+            dtype_why="GGUF types are chosen with --engine-arg quantization=bf16|q8_0 and compared with the float32 "
+            "goldens under their tier")
         if kv_cache_type not in ("f32", "f16"):
             raise ValueError(f"kv_cache_type {kv_cache_type!r}: use f32 or f16 (llama.cpp's default)")
         self.quantization = None if quantization is None else f"gguf-{quantization}"

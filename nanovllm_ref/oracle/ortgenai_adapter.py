@@ -19,15 +19,7 @@ import sys
 from pathlib import Path
 
 from .compare import EngineOutput
-from .converted import (
-    check_request,
-    convert_once,
-    import_engine,
-    log_softmax,
-    prompt_logprob_dicts,
-    run_converter,
-    topk_dict,
-)
+from .converted import checked_engine, convert_once, log_softmax, prompt_logprob_dicts, run_converter, topk_dict
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 PRECISIONS = {None: "fp32", "int4": "int4"}  # --engine-arg quantization -> the builder's --precision
@@ -51,10 +43,11 @@ class OrtGenAIAdapter:
     name = "ortgenai"
 
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None) -> None:
-        og = import_engine("ortgenai", "onnxruntime_genai", "onnxruntime-genai onnx onnx-ir")
-        check_request(model_path, dtype, quantization, PRECISIONS, ARCHITECTURES,
-                      converter="ONNX Runtime GenAI's model builder", dtype_why="the adapter exports fp32 for the CPU "
-                      "(or int4: --engine-arg quantization=int4, compared with the float32 goldens)")
+        og = checked_engine(
+            "ortgenai", "onnxruntime_genai", "onnxruntime-genai onnx onnx-ir", model_path, dtype, quantization,
+            quantizations=PRECISIONS, architectures=ARCHITECTURES, converter="ONNX Runtime GenAI's model builder",
+            dtype_why="the adapter exports fp32 for the CPU (or int4: --engine-arg quantization=int4, compared with "
+            "the float32 goldens)")
         self.quantization = None if quantization is None else f"ort-{quantization}"
         self.model_dir = convert(model_path, quantization)
         self.og, self.model = og, og.Model(str(self.model_dir))

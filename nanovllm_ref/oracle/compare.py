@@ -125,7 +125,6 @@ class _Checker:
         self.failures: list[str] = []
         self.gen_sum, self.gen_count = 0.0, 0  # every shared generated-step logprob, for the set's mean
 
-
     def bound(self, kind: str, pos: int, tol: float) -> float:
         """``tol`` raised to the position's bound (a generated step's position needs the prompt's length)."""
         at = pos if kind == "prompt" else None if self.n_prompt is None else self.n_prompt + pos

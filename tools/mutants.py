@@ -64,6 +64,8 @@ INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
                     "batch_invariant=true")
 INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
+DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the rope_scaling dialect
+DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 
 
 M = Mutant
@@ -211,6 +213,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "flash-attn backend: prefill without the causal mask", ("tests/attention/test_flash_attn_backend.py",),
       ("conformance/test_golden.py",), gpu=True,
       gpu_args=("--engine-arg", "attention_backend=flash-attn", "--engine-arg", "kvcache_block_size=256")),
+    M("config-ignores-rope-scaling", "nanovllm_ref/config.py",
+      "rope_parameters=tuple(sorted(rope_parameters(hf).items())),",
+      "rope_parameters=tuple(sorted(rope_parameters(__import__('types').SimpleNamespace(**{k: v for k, v in "
+      "__import__('json').load(open(os.path.join(hf._name_or_path, 'config.json'))).items() "
+      "if k != 'rope_scaling'})).items())),",
+      "RoPE settings read from config.json in one dialect: rope_parameters, else the top-level rope_theta alone "
+      "(a published checkpoint's rope_scaling, Llama 3's llama3 scaling, ignored)", (DIALECT_VIEW,),
+      (DIALECT_CONF, "--model", "llama3-tiny")),
     M("cpu-qk-block-rope-offset", "nanovllm_ref/models/qwen3.py",
       "rotate(x, cos[a : a + rows], sin[a : a + rows], out=out[a : a + rows])",
       "rotate(x, cos[: len(x)], sin[: len(x)], out=out[a : a + rows])",

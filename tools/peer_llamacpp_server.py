@@ -15,6 +15,11 @@ ROUTE = "HTTP (`python -m llama_cpp.server`, `--engine llamacpp:URL`)"
 ECHO_BUG = ("llama-cpp-python 0.3.36's echo=True logprobs read each token's logprob from its own position's row (the "
             "next token's distribution) and drop the last token (tools/probe_peer_bugs.py llamacpp-echo)")
 
+# the server's own bugs, on checkpoints that pass in-process
+SERVER_BUGS = {"mistral-spm-hd32": "llama-cpp-python 0.3.36 names every byte-fallback token '' in its logprobs (the "
+               "token's bytes decoded with errors='ignore'), so the ids of its answers cannot be recovered "
+               "(tools/probe_peer_bugs.py llamacpp-byte-tokens)"}
+
 
 def server_rows(label: str, models: list[str], out: Path, run_s: float, known: dict[str, str] | None = None,
                 port: int = 8771, startup_s: float = 600.0) -> list[dict]:
@@ -46,7 +51,8 @@ def server_rows(label: str, models: list[str], out: Path, run_s: float, known: d
                                        ["server_dtype=float32"], tag="peer_llamacpp_server")
             finally:
                 server.stop()
-        rows += rows_of(report, label, ROUTE + ", no prompt logprobs", [model], ["float32"], log, known)
+        rows += rows_of(report, label, ROUTE + ", no prompt logprobs", [model], ["float32"], log,
+                        {**(known or {}), **SERVER_BUGS})
         if model == models[0]:
             rows += rows_of(out / f"http-echo-{model}.json", label, ROUTE + ", `echo` (prompt logprobs)", [model],
                             ["float32"], out / f"http-echo-{model}.log", {model: ECHO_BUG})

@@ -43,6 +43,9 @@ ENGINES = {
             "qwen3-moe-unnorm-hd32": "llama.cpp's Qwen3-MoE has no o_proj bias: the loader refuses the converted file",
             "qwen3-moe-tiny": "llama.cpp's converter cannot map a Qwen3-MoE dense layer (mlp_only_layers [1]): "
                               "'Can not map tensor model.layers.1.mlp.down_proj.weight'",
+            "qwen3-words-hd32": "llama.cpp's converter writes the WordLevel tokenizer as a BPE vocabulary without "
+                                "merges (a warning only) and the loader refuses the file: 'cannot find tokenizer "
+                                "merges in model file'",
         }, server=True, planted_in={"drop_bias": "llama3-bias-hd32"}),  # it refuses qwen3-bias-hd32 itself
     "ctranslate2": PeerEngine(
         "ctranslate2", "ctranslate2", "nanovllm_ref.oracle.ctranslate2_adapter", (None, "int8"), "ct2", known={

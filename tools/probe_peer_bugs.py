@@ -6,6 +6,10 @@ each on a golden checkpoint or a one-field copy of one, with transformers float3
 - ``ct2-llama-head-dim``: CTranslate2's LlamaLoader ignores ``head_dim`` (the first generate fails on the shapes).
 - ``ct2-mistral-unk``: CTranslate2's MistralLoader writes ``unk_token: null``, which its runtime refuses.
 - ``ort-head-size``: ONNX Runtime GenAI's builder exports head_dim 24, which its CPU attention refuses.
+- ``llamacpp-wordlevel``: llama.cpp's converter writes a WordLevel tokenizer as a BPE vocabulary without merges
+  (a warning only), and its loader then refuses the file.
+- ``llamacpp-byte-tokens``: llama-cpp-python's completions (and so its server) name every byte-fallback token ``''``
+  in their logprobs (its bytes decoded with ``errors="ignore"``), so a text-keyed client cannot tell them apart.
 - ``llamacpp-echo``: llama-cpp-python's ``create_completion(echo=True, logprobs=k)`` (and so its server) gives each
   token the logprob of its own position's row, the next token's distribution, and drops the last token.
 
@@ -111,8 +115,45 @@ def llamacpp_echo() -> None:
         print(f"echo={echo}: generated {tokens}, logprobs {[round(float(v), 4) for v in values]}")
 
 
+def llamacpp_wordlevel() -> None:
+    import subprocess
+
+    from golden.load import checkpoint_path
+    from nanovllm_ref.oracle.llamacpp_adapter import convert
+
+    gguf = convert(checkpoint_path("qwen3-words-hd32"))  # tokenizer.json: WordLevel + Whitespace, no merges
+    warned = [line for line in (gguf.parent / "convert.log").read_text().splitlines() if "merges" in line]
+    print(f"convert_hf_to_gguf.py exported qwen3-words-hd32, saying only: {warned}")
+    load = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], n_ctx=64, verbose=True)"  # its log goes to stderr
+    run = subprocess.run([sys.executable, "-c", load, str(gguf)], capture_output=True, text=True)
+    said = [line for line in run.stderr.splitlines() if "error loading model" in line]
+    print(f"llama_cpp.Llama {'refuses it: ' + str(said) if run.returncode else 'loads it: fixed'}")
+
+
+def llamacpp_byte_tokens() -> None:
+    import llama_cpp
+
+    from golden.load import checkpoint_path
+    from nanovllm_ref.oracle.llamacpp_adapter import convert
+    from nanovllm_ref.oracle.references import golden_reference
+
+    llm = llama_cpp.Llama(str(convert(checkpoint_path("mistral-spm-hd32"))), n_ctx=256, logits_all=True, verbose=False)
+    nameless = [i for i in range(llm.n_vocab()) if llm.detokenize([i]).decode("utf-8", errors="ignore") == ""]
+    print(f"mistral-spm-hd32 (byte-fallback BPE): {len(nameless)} of {llm.n_vocab()} ids have the text '' there, e.g. "
+          f"{[(i, llm.detokenize([i])) for i in nameless[3:6]]}")
+    ref = golden_reference("mistral-spm-hd32", "float32")
+    for pid, prompt, out in zip(ref.prompt_ids, ref.prompts, ref.outputs):
+        if any(t in nameless for t in out.token_ids[:8]):
+            step = next(i for i, t in enumerate(out.token_ids) if t in nameless)
+            lp = llm.create_completion(prompt, max_tokens=step + 1, temperature=0, logprobs=5)["choices"][0]["logprobs"]
+            print(f"{pid}: the goldens' step {step} is id {out.token_ids[step]}; create_completion(logprobs=5) names "
+                  f"the tokens {lp['tokens']}")
+            return
+
+
 PROBES = {"ct2-llama3-rope": ct2_llama3_rope, "ct2-llama-head-dim": ct2_llama_head_dim,
-          "ct2-mistral-unk": ct2_mistral_unk, "ort-head-size": ort_head_size, "llamacpp-echo": llamacpp_echo}
+          "ct2-mistral-unk": ct2_mistral_unk, "ort-head-size": ort_head_size, "llamacpp-echo": llamacpp_echo,
+          "llamacpp-wordlevel": llamacpp_wordlevel, "llamacpp-byte-tokens": llamacpp_byte_tokens}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROBES:

@@ -17,6 +17,10 @@ in the spirit of SGLang's ``check_close_model_outputs`` (``sglang/test/runners.p
 * Over a whole golden set (``compare_all`` with ``mean_tol``), the mean |dlogprob| of all those generated-step
   logprobs must stay within ``mean_tol``: a systematic error (a dropped bias) that the per-position bound, made
   wide for rare routing near-ties, lets through still moves the mean (tolerances.py). A set-level failure.
+* Position-dependent bounds (``position_tol``, ``((end, bound), ...)`` in increasing ``end``): at a token whose index
+  in the sequence (prompt position, or prompt length + generated step) is below ``end`` and at or above the previous
+  ``end``, the bound is ``max(tol, bound)`` (``prompt_tol`` likewise): float32 RoPE angle rounding grows with the
+  position (tolerances.py, rope_spread.py). Beyond the last ``end``, and without it, ``tol`` alone.
 * A candidate that stops early or lacks the (prompt) logprobs the reference has fails.
 * Divergence by value (``divergence_by_value=True``, the quantization tiers of tolerances.py): at the first
   differing token, a token absent from the other side's top-k is admitted when its logprob exceeds that side's k-th
@@ -114,16 +118,26 @@ def describe_token(tok: int, ref: LogprobDict | None, cand: LogprobDict | None) 
 class _Checker:
     """Value checks for one prompt; keeps the largest difference and the first violations."""
 
-    def __init__(self, top_k: int) -> None:
-        self.top_k = top_k
+    def __init__(self, top_k: int, position_tol: Sequence[tuple[int, float]] = (), n_prompt: int | None = None) -> None:
+        self.top_k, self.position_tol, self.n_prompt = top_k, tuple(position_tol), n_prompt
         self.max = {"gen": 0.0, "prompt": 0.0}
         self.where = {"gen": "", "prompt": ""}
         self.failures: list[str] = []
         self.gen_sum, self.gen_count = 0.0, 0  # every shared generated-step logprob, for the set's mean
 
+    def bound(self, kind: str, pos: int, tol: float) -> float:
+        """``tol`` raised to the position's bound (a generated step's position needs the prompt's length)."""
+        at = pos if kind == "prompt" else None if self.n_prompt is None else self.n_prompt + pos
+        start = 0
+        for end, bound in self.position_tol if at is not None else ():
+            if start <= at < end:
+                return max(tol, bound)
+            start = end
+        return tol
 
     def check(self, kind: str, pos: int, ref: LogprobDict, cand: LogprobDict, tol: float) -> None:
         label = f"{'gen step' if kind == 'gen' else 'prompt pos'} {pos}"
+        tol = self.bound(kind, pos, tol)
         worst_tok, worst = None, -1.0
         for tok in ref.keys() & cand.keys():
             diff = abs(ref[tok] - cand[tok])
@@ -162,16 +176,18 @@ def compare_outputs(
     prompt: Sequence[int] | None = None,
     tokens_only: bool = False,
     divergence_by_value: bool = False,
+    position_tol: Sequence[tuple[int, float]] = (),
 ) -> PromptReport:
     """Compare one prompt's candidate generation to the reference (see the module docstring for the policy).
 
     ``reference`` / ``candidate`` are :class:`EngineOutput` or anything :meth:`EngineOutput.coerce` accepts.
     ``prompt_tol=None`` skips prompt logprobs; otherwise a candidate without them fails when the reference
     has them. With ``prompt`` (the prompt's token ids) every prompt-logprob dict must also hold the actual
-    prompt token at its position, as vLLM's prompt logprobs do.
+    prompt token at its position, as vLLM's prompt logprobs do. ``position_tol``: see the module docstring.
     """
     ref, cand = EngineOutput.coerce(reference), EngineOutput.coerce(candidate)
-    chk = _Checker(top_k)
+    n_prompt = len(prompt) if prompt is not None else None if ref.prompt_logprobs is None else len(ref.prompt_logprobs)
+    chk = _Checker(top_k, position_tol, n_prompt)
     first_div: int | None = None
     matched = 0
     for i in range(min(len(ref.token_ids), len(cand.token_ids))):
@@ -325,6 +341,7 @@ def compare_all(
     tokens_only: bool = False,
     mean_tol: float | None = None,
     divergence_by_value: bool = False,
+    position_tol: Sequence[tuple[int, float]] = (),
 ) -> ConformanceReport:
     """:func:`compare_outputs` for every prompt (``prompts``: their token ids, to check the actual prompt tokens
     in the prompt logprobs); ``model``/``dtype``/``engine``/``case`` label the rows; ``tokens_only``: the
@@ -337,7 +354,8 @@ def compare_all(
     for i, (pid, r, c) in enumerate(zip(ids, reference, candidate)):
         p = compare_outputs(r, c, top_k=top_k, tol=tol, prompt_tol=prompt_tol, prompt_id=pid,
                             allow_divergence=allow_divergence, prompt=prompts[i] if prompts is not None else None,
-                            tokens_only=tokens_only, divergence_by_value=divergence_by_value)
+                            tokens_only=tokens_only, divergence_by_value=divergence_by_value,
+                            position_tol=position_tol)
         p.model, p.dtype, p.engine, p.case = model, dtype, engine, case
         report.prompts.append(p)
     count = sum(p.gen_diff_count for p in report.prompts)

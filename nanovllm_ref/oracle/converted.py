@@ -14,15 +14,38 @@ with the converter's output kept beside the model (``convert.log``) for triage.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
+
+
+def checked_engine(engine: str, module: str, pip: str, model_path: str, dtype: str, quantization: str | None, *,
+                   quantizations: Mapping[str | None, str], architectures: Sequence[str], dtype_why: str,
+                   converter: str) -> Any:
+    """The engine's package, once the request passes what every converting adapter checks before it converts
+    anything: the package imports (else an ImportError naming ``--engine`` and the ``pip`` line), ``dtype`` is
+    float32 (``dtype_why``: how this engine's precisions are chosen instead), ``quantization`` is one of
+    ``quantizations``' keys (None: float32), and ``converter`` (the engine's converter, by name) takes the
+    checkpoint's architecture; each refusal names its field."""
+    try:
+        package = importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"--engine {engine} needs the '{pip.split()[0]}' package ({e}); pip install {pip}") from e
+    if dtype != "float32":
+        raise ValueError(f"dtype {dtype!r}: {dtype_why}")
+    if quantization not in quantizations:
+        raise ValueError(f"quantization {quantization!r}: use one of {[q for q in quantizations if q]} or none")
+    arch = read_config(model_path)["architectures"][0]
+    if arch not in architectures:
+        raise ValueError(f"{converter} has no {arch}; it takes {tuple(architectures)}")
+    return package
 
 
 def cache_root() -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
-from .converted import convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
+from .converted import checked_engine, convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 QUANTIZATIONS = {None: "float32", "int8": "int8"}  # --engine-arg quantization -> compute_type
@@ -87,19 +87,11 @@ class CTranslate2Adapter:
 
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None,
                  inter_threads: int = 1, intra_threads: int = 1) -> None:
-        try:
-            import ctranslate2
-        except ImportError as e:
-            raise ImportError(f"--engine ctranslate2 needs the 'ctranslate2' package ({e}); "
-                              "pip install ctranslate2") from e
-        if dtype != "float32":
-            raise ValueError(f"dtype {dtype!r}: CTranslate2's CPU build computes in float32 (or int8: "
-                             "--engine-arg quantization=int8, compared with the float32 goldens)")
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization {quantization!r}: use one of {[q for q in QUANTIZATIONS if q]} or none")
-        arch = json.loads((Path(model_path) / "config.json").read_text())["architectures"][0]
-        if arch not in ARCHITECTURES:
-            raise ValueError(f"CTranslate2's Transformers converter has no loader for {arch}; it has {ARCHITECTURES}")
+        ctranslate2 = checked_engine(
+            "ctranslate2", "ctranslate2", "ctranslate2", model_path, dtype, quantization, quantizations=QUANTIZATIONS,
+            architectures=ARCHITECTURES, converter="CTranslate2's Transformers converter (ct2-transformers-converter)",
+            dtype_why="CTranslate2's CPU build computes in float32 (or int8: --engine-arg quantization=int8, compared "
+            "with the float32 goldens)")
         self.quantization = None if quantization is None else f"ct2-{quantization}"
         self.model_dir = convert(model_path, quantization)
         self.vocab = token_strings(json.loads((self.model_dir / "vocabulary.json").read_text()))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import EngineOutput
-from .converted import convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
+from .converted import checked_engine, convert_once, greedy_output, log_softmax, prompt_logprob_dicts, run_converter
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
                  "Qwen3MoeForCausalLM")
@@ -107,21 +107,13 @@ class LlamaCppAdapter:
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None,
                  llama_cpp_dir: str | None = None, n_ctx: int = 512, n_threads: int = 1,
                  kv_cache_type: str = "f32") -> None:
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise ImportError(f"--engine llamacpp needs the 'llama-cpp-python' package ({e}); "
-                              "pip install llama-cpp-python") from e
-        if dtype != "float32":
-            raise ValueError(f"dtype {dtype!r}: GGUF types are chosen with --engine-arg quantization=bf16|q8_0 and "
-                             "compared with the float32 goldens under their tier")
+        llama_cpp = checked_engine(
+            "llamacpp", "llama_cpp", "llama-cpp-python", model_path, dtype, quantization, quantizations=OUTTYPES,
+            architectures=ARCHITECTURES, converter="llama.cpp's convert_hf_to_gguf.py (as the adapter runs it)",
+            dtype_why="GGUF types are chosen with --engine-arg quantization=bf16|q8_0 and compared with the float32 "
+            "goldens under their tier")
         if kv_cache_type not in ("f32", "f16"):
             raise ValueError(f"kv_cache_type {kv_cache_type!r}: use f32 or f16 (llama.cpp's default)")
-        if quantization not in OUTTYPES:
-            raise ValueError(f"quantization {quantization!r}: use one of {[q for q in OUTTYPES if q]} or none")
-        arch = json.loads((Path(model_path) / "config.json").read_text())["architectures"][0]
-        if arch not in ARCHITECTURES:
-            raise ValueError(f"the adapter converts {ARCHITECTURES} to GGUF, not {arch}")
         self.quantization = None if quantization is None else f"gguf-{quantization}"
         self.gguf = convert(model_path, quantization, llama_cpp_dir)
         kv = llama_cpp.GGML_TYPE_F32 if kv_cache_type == "f32" else llama_cpp.GGML_TYPE_F16

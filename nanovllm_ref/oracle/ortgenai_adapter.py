@@ -15,12 +15,11 @@ EOS logit) and runs a sampled token's forward only at the next call. One prompt 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from .compare import EngineOutput
-from .converted import convert_once, log_softmax, prompt_logprob_dicts, run_converter, topk_dict
+from .converted import checked_engine, convert_once, log_softmax, prompt_logprob_dicts, run_converter, topk_dict
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 PRECISIONS = {None: "fp32", "int4": "int4"}  # --engine-arg quantization -> the builder's --precision
@@ -44,19 +43,11 @@ class OrtGenAIAdapter:
     name = "ortgenai"
 
     def __init__(self, model_path: str, dtype: str = "float32", quantization: str | None = None) -> None:
-        try:
-            import onnxruntime_genai as og
-        except ImportError as e:
-            raise ImportError(f"--engine ortgenai needs the 'onnxruntime-genai' package ({e}); "
-                              "pip install onnxruntime-genai onnx onnx-ir") from e
-        if dtype != "float32":
-            raise ValueError(f"dtype {dtype!r}: the adapter exports fp32 for the CPU (or int4: --engine-arg "
-                             "quantization=int4, compared with the float32 goldens)")
-        if quantization not in PRECISIONS:
-            raise ValueError(f"quantization {quantization!r}: use one of {[q for q in PRECISIONS if q]} or none")
-        arch = json.loads((Path(model_path) / "config.json").read_text())["architectures"][0]
-        if arch not in ARCHITECTURES:
-            raise ValueError(f"ONNX Runtime GenAI's model builder has no builder for {arch}; it has {ARCHITECTURES}")
+        og = checked_engine(
+            "ortgenai", "onnxruntime_genai", "onnxruntime-genai onnx onnx-ir", model_path, dtype, quantization,
+            quantizations=PRECISIONS, architectures=ARCHITECTURES, converter="ONNX Runtime GenAI's model builder",
+            dtype_why="the adapter exports fp32 for the CPU (or int4: --engine-arg quantization=int4, compared with "
+            "the float32 goldens)")
         self.quantization = None if quantization is None else f"ort-{quantization}"
         self.model_dir = convert(model_path, quantization)
         self.og, self.model = og, og.Model(str(self.model_dir))

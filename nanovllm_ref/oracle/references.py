@@ -117,4 +117,5 @@ def run_check(
         meta={"reference": ref.source, "tolerance": tolerance.as_dict(),
               "mode": "tokens-only" if tokens_only else "logprobs", "prompt_logprobs": prompt_logprobs},
         tokens_only=tokens_only, mean_tol=tolerance.mean_tol, divergence_by_value=tolerance.divergence_by_value,
+        position_tol=tolerance.position_tol,
     )

@@ -214,10 +214,10 @@ MUTANTS: tuple[Mutant, ...] = (
       ("conformance/test_golden.py",), gpu=True,
       gpu_args=("--engine-arg", "attention_backend=flash-attn", "--engine-arg", "kvcache_block_size=256")),
     M("config-ignores-rope-scaling", "nanovllm_ref/config.py",
-      "rope_parameters=tuple(sorted(rope_parameters(hf).items())),",
-      "rope_parameters=tuple(sorted(rope_parameters(__import__('types').SimpleNamespace(**{k: v for k, v in "
-      "__import__('json').load(open(os.path.join(hf._name_or_path, 'config.json'))).items() "
-      "if k != 'rope_scaling'})).items())),",
+      '"rope_parameters": tuple(sorted(rope_parameters(hf).items())),',
+      '"rope_parameters": tuple(sorted(rope_parameters(__import__("types").SimpleNamespace(**{k: v for k, v in '
+      '__import__("json").load(open(os.path.join(hf._name_or_path, "config.json"))).items() '
+      'if k != "rope_scaling"})).items())),',
       "RoPE settings read from config.json in one dialect: rope_parameters, else the top-level rope_theta alone "
       "(a published checkpoint's rope_scaling, Llama 3's llama3 scaling, ignored)", (DIALECT_VIEW,),
       (DIALECT_CONF, "--model", "llama3-tiny")),

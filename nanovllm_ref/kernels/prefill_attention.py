@@ -174,6 +174,7 @@ def prefill_attention(
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
+    tile_config: dict[str, int] | None = None,  # override prefill_tile_config (batch_invariant mode's one tile)
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
@@ -188,6 +189,9 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
     cfg = prefill_tile_config(head_dim, q.dtype, group, max_query_len)
+    if tile_config is not None:  # e.g. {"BLOCK_N": 32, "num_stages": 2}; BLOCK_M follows BLOCK_Q x BLOCK_G
+        cfg.update(tile_config)
+        cfg["BLOCK_M"] = cfg["BLOCK_Q"] * cfg["BLOCK_G"]
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,

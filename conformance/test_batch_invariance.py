@@ -6,7 +6,9 @@ vLLM's batch-invariance tests (tests/v1/determinism: a needle prompt alone vs at
 random position among fillers of other lengths (random token ids, 1-200 tokens) in batches of random sizes, with
 and without a cached shared prefix (the fillers and a warm-up request share the needle's first tokens, so a
 prefix cache serves them), under several prefill chunk budgets for engines that take ``max_num_batched_tokens``,
-greedy and seeded sampling.
+greedy and seeded sampling. The prefix cache is emptied before each run that a case compares (where the adapter
+has ``reset_prefix_cache``), so that only the shared-prefix case is served from it, and that case fails when the
+engine reports fewer cached tokens than the shared prefix.
 
 ``--invariance`` picks the verdict:
 
@@ -47,6 +49,11 @@ SEEDED = {"temperature": 0.8, "seed": 1234}
 # engine settings that let a prefix cache hold SHARED_PREFIX: vLLM's CPU build caches whole 128-token blocks by
 # default, so a 32-token shared prefix would never be served from its cache
 PREFIX_BLOCK = {"vllm": {"block_size": 32}}
+
+
+def prefix_block(options) -> dict:
+    """PREFIX_BLOCK's settings for the engine under test, except those its --engine-arg sets itself."""
+    return {k: v for k, v in PREFIX_BLOCK.get(options.engine, {}).items() if k not in dict(options.engine_args)}
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +152,7 @@ def run_case(adapter, ref: Reference, dtype: str, mode: str, trials: int, record
 def test_needle_greedy(model_spec, dtype, options, engines, references, mode, trials, record,
                        prefix_cache) -> None:
     ref = references.prompts(model_spec, dtype)
-    adapter = engines.get(model_spec, dtype, **PREFIX_BLOCK.get(options.engine, {}))
+    adapter = engines.get(model_spec, dtype, **prefix_block(options))
     run_case(adapter, ref, dtype, mode, trials, record, "greedy", prefix_cache)
 
 
@@ -176,7 +183,7 @@ def test_needle_seeded(model_spec, dtype, options, engines, references, mode, tr
     if mode == "tolerance" and dtype != "float32":
         pytest.skip("seeded draws are compared in float32 under --invariance tolerance (bf16 near-ties may flip)")
     ref = references.prompts(model_spec, dtype)
-    adapter = engines.get(model_spec, dtype, **PREFIX_BLOCK.get(options.engine, {}))
+    adapter = engines.get(model_spec, dtype, **prefix_block(options))
     if not supports_requests(adapter):
         pytest.skip(f"{getattr(adapter, 'name', adapter)} has no run_requests (seeded sampling)")
     vocab, i = vocab_size(ref.model_path), needles(ref)[-1]

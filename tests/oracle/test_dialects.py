@@ -75,3 +75,13 @@ def test_nanovllm_ref_passes_the_goldens_through_the_legacy_view(tmp_path) -> No
         adapter.close()
     assert report.passed, report.format_failures()
     assert all(p.status == "match" for p in report.prompts)
+
+
+def test_a_server_engine_skips_the_view_it_cannot_be_handed() -> None:
+    """A server serves the checkpoint it was started with: the dialect module skips there (naming how to serve the
+    view) instead of failing the server's checkpoint check; in-process engines get the view's folder."""
+    from nanovllm_ref.oracle.adapters import server_url
+
+    assert server_url("openai:http://127.0.0.1:8011/v1") == "http://127.0.0.1:8011/v1"
+    assert server_url("vllm") is None and server_url("nanovllm_ref") is None
+    assert server_url("pkg.module:factory") is None

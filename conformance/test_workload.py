@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from nanovllm_ref.oracle.adapters import server_url
 from nanovllm_ref.oracle.compare import DIVERGED_OK, EngineOutput, compare_outputs
 from nanovllm_ref.oracle.references import Reference
 from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, supports_requests
@@ -172,7 +173,7 @@ def setup(model_spec, options, references, tmp_path_factory):
     extra = ref.outputs[ref.prompt_ids.index("short_12")].token_ids[k]
     eos = checkpoint_eos(model_spec.path)
     path = model_spec.path
-    if not options.engine.startswith("openai:"):  # a server serves its own checkpoint: keep its EOS
+    if server_url(options.engine) is None:  # a server serves its own checkpoint: keep its EOS
         path = with_extra_eos(model_spec.path, tmp_path_factory.mktemp(f"{model_spec.name}-eos"), extra)
         eos = eos | {extra}
     return ref, ModelSpec(model_spec.name, path, model_spec.golden), eos

@@ -128,11 +128,9 @@ class _Checker:
     def bound(self, kind: str, pos: int, tol: float) -> float:
         """``tol`` raised to the position's bound (a generated step's position needs the prompt's length)."""
         at = pos if kind == "prompt" else None if self.n_prompt is None else self.n_prompt + pos
-        start = 0
-        for end, bound in self.position_tol if at is not None else ():
-            if start <= at < end:
+        for end, bound in self.position_tol if at is not None else ():  # ends increase: the first above `at`
+            if at < end:
                 return max(tol, bound)
-            start = end
         return tol
 
     def check(self, kind: str, pos: int, ref: LogprobDict, cand: LogprobDict, tol: float) -> None:

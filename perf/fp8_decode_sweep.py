@@ -60,7 +60,7 @@ def compiled_report() -> None:
                   f" cvt.e4m3x2 {ptx.count('e4m3x2')} ldmatrix {ptx.count('ldmatrix')}")
 
 
-def sweep_step(step: int, variants: list[str], rows: list[tuple]) -> None:
+def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: list[tuple]) -> None:
     import triton.testing
 
     from .fp8_decode_variants import decode_fp8_variant
@@ -84,6 +84,11 @@ def sweep_step(step: int, variants: list[str], rows: list[tuple]) -> None:
     want = engine(f8)()
     timed("engine bf16", engine(bf, fp8=False), 2)
     timed("engine fp8", engine(f8), 1, want)
+    for tile in engine_tiles:  # the engine's own kernel at other tiles (fp8 cache)
+        bn, w, st = (int(x) for x in tile.split("/"))
+        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+        timed(f"engine fp8 {tile}", lambda cfg=cfg: decode_attention(
+            q, *f8, tables, seq_lens, 128**-0.5, kv_scales=scales, order=order, tile_config=cfg, **kw), 1, want)
     for spec in variants:
         cvt, tile = spec.split(":")
         bn, w, st = (int(x) for x in tile.rstrip("p").split("/"))
@@ -100,11 +105,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 320, 640])
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
                     help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
+    ap.add_argument("--engine-tiles", nargs="*", default=[],
+                    help="BLOCK_N/warps/stages: the engine's fp8 kernel at these tiles too")
     args = ap.parse_args()
     print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")
     rows: list[tuple] = []
     for step in args.steps:
-        sweep_step(step, args.variants, rows)
+        sweep_step(step, args.variants, args.engine_tiles, rows)
     compiled_report()
     print("\nstep batch variant us GB/s maxerr")
     for r in sorted(rows, key=lambda r: (r[0], r[3])):

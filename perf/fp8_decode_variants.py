@@ -14,8 +14,8 @@ becomes float16:
 `PAIRS`: two tiles per loop iteration. Triton single-buffers each tile's async copy here (one shared-memory slot per
 load whatever num_stages), so a program has one tile of loads in flight while it computes; two tiles per iteration
 double the bytes in flight per program at the same occupancy.
-Measured on the H200 (perf/RESULTS.md): 0 stays the fastest; the kernel is bound by the latency of its per-tile
-chain at 4 resident programs per SM, not by instruction count.
+Measured on the H200 (perf/RESULTS.md): 1 at (64 keys, 2 warps, 6 stages) and (32, 1, 8) is the fastest and became
+the engine's fp8 tile (kernels/decode_fp8_tile.py); stages 5-6 (two buffers per load) beat 2-4 (one) and 8 (three).
 """
 
 from __future__ import annotations
@@ -24,13 +24,7 @@ from nanovllm_ref.kernels._triton_common import LOG2E, num_sms, tl, triton
 from nanovllm_ref.kernels.decode_attention import _decode_reduce_kernel, decode_num_splits, decode_workspace_numel
 
 if triton is not None:
-
-    @triton.jit
-    def e4m3x4_to_f16(x):
-        """Four e4m3 values (one 32-bit register) -> four float16, two `cvt` instructions (sm_89+); exact."""
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+    from nanovllm_ref.kernels.decode_fp8_tile import e4m3x4_to_f16
 
     @triton.jit
     def e4m3x4_to_f16_bits(x):

@@ -26,9 +26,10 @@ def _signature(fp8: bool, block_n: int) -> tuple[dict, dict, dict]:
     types = [ptr, cache, cache, "*i32", "*i32", "*fp32", "*i32", ptr, "*fp32", "*fp32", "fp32"] + ["i32"] * 14
     unit = {"stride_qd", "stride_od", "stride_cd"}
     consts = dict(BLOCK_SIZE=16, BLOCK_N=block_n, BLOCK_G=16, BLOCK_D=128, HEAD_DIM=128, DIRECT_OUT=True,
-                  UPCAST=False, PREC="tf32", HAS_ORDER=True, FP8=fp8, F16_DOTS=fp8, **{n: 1 for n in unit})
+                  UPCAST=False, PREC="tf32", HAS_ORDER=True, FP8=fp8, F16_DOTS=fp8, V_PTX=fp8,
+                  **{n: 1 for n in unit})
     names = kernel.arg_names
-    signature = {n: ("constexpr" if n in consts else t) for n, t in zip(names, types + ["constexpr"] * 11)}
+    signature = {n: ("constexpr" if n in consts else t) for n, t in zip(names, types + ["constexpr"] * 12)}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n not in consts and not n.startswith(("qk_scale", "group", "num_"))}
     return signature, consts, attrs

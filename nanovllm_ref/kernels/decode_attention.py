@@ -25,7 +25,9 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   fp16 is one native conversion on sm_89+, while e4m3 -> bf16 is emulated and made the kernel compute bound
   (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16 (float32
   queries keep float32 products). The K scale of the program's KV head is folded into the softmax scale
-  and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py).
+  and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py). On sm_89+
+  the tiles are kernels/decode_fp8_tile.py's (V converted by PTX before its shared-memory staging), one warp and
+  32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -42,6 +44,7 @@ import os
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, num_sms, tl, triton, upcast_dots
+from .decode_fp8_tile import native_e4m3
 from .prefill_attention import prefill_attention_reference
 
 
@@ -61,6 +64,7 @@ def decode_attention_reference(
 
 if triton is not None:
     from ._triton_common import attend_tile
+    from .decode_fp8_tile import attend_fp8_tile
 
     @triton.jit
     def _decode_split_kernel(
@@ -80,7 +84,7 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
-        F16_DOTS: tl.constexpr,
+        F16_DOTS: tl.constexpr, V_PTX: tl.constexpr,  # V_PTX: fp8 tiles by kernels/decode_fp8_tile.py
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -106,8 +110,8 @@ if triton is not None:
         d_mask = offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
-        if F16_DOTS:
-            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
+        if F16_DOTS or V_PTX:
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype; attend_fp8_tile to float16
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -116,14 +120,24 @@ if triton is not None:
         v_base = v_cache_ptr + kvh * stride_ch
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         row_end = tl.full([BLOCK_G], 0, tl.int32) + end
-        for n0 in range(start, full_end, BLOCK_N):
-            acc, l_i, m_i = attend_tile(
-                acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale,
-                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC)
-        if full_end < end:  # the split's last, partial tile
-            acc, l_i, m_i = attend_tile(
-                acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
-                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
+        if V_PTX:
+            for n0 in range(start, full_end, BLOCK_N):
+                acc, l_i, m_i = attend_fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, qk_scale,
+                                                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+                                                HEAD_DIM, False)
+            if full_end < end:  # the split's last, partial tile
+                acc, l_i, m_i = attend_fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, qk_scale,
+                                                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+                                                HEAD_DIM, True)
+        else:
+            for n0 in range(start, full_end, BLOCK_N):
+                acc, l_i, m_i = attend_tile(
+                    acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale,
+                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC)
+            if full_end < end:  # the split's last, partial tile
+                acc, l_i, m_i = attend_tile(
+                    acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
+                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
 
@@ -166,10 +180,12 @@ if triton is not None:
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False) -> dict[str, int]:
-    """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS)."""
+def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
+                       programs_per_sm: float = 0.0) -> dict[str, int]:
+    """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS).
+    programs_per_sm: (sequences x KV heads) / SMs of the call (the fp8 tile depends on it)."""
     if fp8 and head_dim <= 128 and dtype != torch.float32:
-        cfg = dict(FP8_DECODE_TILE)
+        cfg = dict(FP8_DECODE_TILE_WIDE if programs_per_sm >= FP8_WIDE_PROGRAMS_PER_SM else FP8_DECODE_TILE)
     elif head_dim <= 128 and dtype != torch.float32:
         # 2 warps, deep pipeline: the most consistent winner of three H200 sweeps (perf/RESULTS.md); against (64 keys,
         # 4 warps, 3 stages) even at batch 64 / context 2k, +4 to +5 points of copy bandwidth at larger shapes
@@ -181,9 +197,22 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False) -> 
     return cfg
 
 
-# H200, headline decode shape (256 sequences, contexts 100-2,048, 8 KV heads, d 128): (64 keys, 2 warps, 4 stages)
-# 201 us against 226 (128, 4, 3), 243 (32, 2, 4), 269 (128, 2, 4), 288 (64, 4, 3); bf16 cache 270 us
-FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
+# H200, the headline's decode steps 0 / 320 / 640 (256 / 182 / 90 sequences, 8 KV heads, d 128), V converted by PTX
+# (kernels/decode_fp8_tile.py): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
+# V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
+# (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
+# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages).
+FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
+# One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
+# they leave SMs short of warps, and two warps per program win
+FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8}
+FP8_WIDE_PROGRAMS_PER_SM = 8
+
+
+def ptx_fp8_tiles(q: torch.Tensor, kv_scales: torch.Tensor | None) -> bool:
+    """An fp8 cache read by 16-bit queries on a GPU with native e4m3 conversion: kernels/decode_fp8_tile.py's tiles."""
+    return kv_scales is not None and q.dtype in (torch.float16, torch.bfloat16) and not upcast_dots(q.device) \
+        and native_e4m3(q.device)
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, sms: int) -> int:
@@ -222,11 +251,14 @@ def decode_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if num_seqs == 0:
         return out
-    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None)
+    sms = num_sms(q.device)
+    units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
+    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None,
+                                                                               units / sms)
     block_n = cfg.pop("BLOCK_N")
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, num_sms(q.device))
+        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, sms)
     block_d = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
@@ -246,7 +278,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
-        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), V_PTX=ptx_fp8_tiles(q, kv_scales), **cfg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -109,3 +109,34 @@ def test_attention_reads_fp8_cache(case, dtype):
             if case == "decode" else None
         if unscaled is not None:
             assert relative_error(unscaled, ref) > 0.1
+
+
+@pytest.mark.parametrize("tile", ["FP8_DECODE_TILE", "FP8_DECODE_TILE_WIDE"])
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []))
+def test_decode_fp8_tiles(tile, dtype):
+    """Both fp8 decode tiles (on sm_89+ GPUs kernels/decode_fp8_tile.py's, V converted by PTX): contexts of whole
+    32- and 64-key tiles, partial last tiles and one shorter than a tile; head_dim 128 (unmasked full tiles) and 80."""
+    from nanovllm_ref.kernels import decode_attention as da
+
+    for seed, (kv_heads, group, head_dim) in enumerate([(2, 2, 128), (1, 4, 80)]):
+        b = make_paged_batch([128, 17, 96, 201], [1, 1, 1, 1], num_kv_heads=kv_heads, group=group,
+                             head_dim=head_dim, block_size=16, dtype=dtype, device=DEVICE, seed=seed)
+        k8, v8, scales = fp8_caches(b, seed)
+        ref = decode_attention_reference(b.q, k8, v8, b.block_tables, b.seq_lens, b.scale, scales)
+        out = decode_attention(b.q, k8, v8, b.block_tables, b.seq_lens, b.scale, kv_scales=scales,
+                               tile_config=getattr(da, tile))
+        assert out.isfinite().all()
+        assert relative_error(out, ref) < RELATIVE_TOLERANCE[dtype] * 2, (tile, seed)
+
+
+def test_decode_fp8_tile_choice():
+    """One-warp fp8 tiles once the batch gives every SM 8 programs; the bf16 cache's tile does not depend on it."""
+    from nanovllm_ref.kernels import decode_attention as da
+
+    def cfg(fp8, per_sm):
+        return da.decode_tile_config(128, torch.bfloat16, fp8, per_sm)
+
+    assert cfg(True, da.FP8_WIDE_PROGRAMS_PER_SM) == da.FP8_DECODE_TILE_WIDE
+    assert cfg(True, 2048 / 132) == da.FP8_DECODE_TILE_WIDE  # the headline's first decode step on an H200
+    assert cfg(True, 720 / 132) == da.FP8_DECODE_TILE
+    assert cfg(False, 2048 / 132) == cfg(False, 1.0) != da.FP8_DECODE_TILE_WIDE

@@ -85,8 +85,10 @@ def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: li
     timed("engine bf16", engine(bf, fp8=False), 2)
     timed("engine fp8", engine(f8), 1, want)
     for tile in engine_tiles:  # the engine's own kernel at other tiles (fp8 cache)
-        bn, w, st = (int(x) for x in tile.split("/"))
-        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+        bn, w, st, *reg = tile.split("/")  # a fourth field rN: at most N registers per thread (maxnreg)
+        cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
+        if reg:
+            cfg["maxnreg"] = int(reg[0].lstrip("r"))
         timed(f"engine fp8 {tile}", lambda cfg=cfg: decode_attention(
             q, *f8, tables, seq_lens, 128**-0.5, kv_scales=scales, order=order, tile_config=cfg, **kw), 1, want)
     for spec in variants:
@@ -103,10 +105,10 @@ def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 320, 640])
-    ap.add_argument("--variants", nargs="+", default=VARIANTS,
+    ap.add_argument("--variants", nargs="*", default=VARIANTS,
                     help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
     ap.add_argument("--engine-tiles", nargs="*", default=[],
-                    help="BLOCK_N/warps/stages: the engine's fp8 kernel at these tiles too")
+                    help="BLOCK_N/warps/stages[/rN]: the engine's fp8 kernel at these tiles too (rN: maxnreg N)")
     args = ap.parse_args()
     print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")
     rows: list[tuple] = []

@@ -111,7 +111,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "queries = q.float().reshape(num_seqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)",
       "sdpa backend decode: query heads tiled over the KV heads instead of grouped", (GOLDEN,)),
     M("sdpa-reads-past-context", "nanovllm_ref/attention/sdpa_backend.py",
-      "torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])", "slots",
+      "torch.where(key_pos < self.seq_lens[:, None], slots, slots[:, :1])", "slots",
       "sdpa backend: masked keys past the context read the cache there (a freed block's NaN poisons the sum)",
       (SDPA_ORACLE,), kernels("sdpa")),  # NaN-poisoned unused blocks: the kernel module's paged batches
     M("prefix-hash-unchained", "nanovllm_ref/engine/block_manager.py",
@@ -469,8 +469,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "dequantize_kv(rows, ", "FP8 KV (sdpa, the CPU default): the cache's bytes dequantized as uint8, not e4m3",
       (FP8_ENGINE,), FP8_TIER),
     M("fp8-prefix-hit-unscaled", "nanovllm_ref/attention/sdpa_backend.py",
-      "k, v = (self._values(gather_keys(c, plan.slots), i, 1) for i, c in enumerate((k_cache, v_cache)))",
-      "k, v = (gather_keys(c, plan.slots).view(FP8).float() for c in (k_cache, v_cache))",
+      "k, v = self._gather(k_cache, v_cache, plan, plan.width)",
+      "k, v = (x / s.view(-1, 1, 1) for x, s in zip(self._gather(k_cache, v_cache, plan, plan.width), self.kv_scales))",
       "FP8 KV: a step after a prefix-cache hit (queries after cached keys) reads the cached blocks without their "
       "scale (a stale scale of 1)", (FP8_ENGINE,), FP8_TIER),
     M("fp8-decode-k-scale-twice", "nanovllm_ref/kernels/decode_attention.py",

@@ -497,14 +497,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "batch-invariant attention (CPU): a product's rows are the step's longest chunk, so its shape follows the chunk",
       (INVARIANT_TESTS,), INVARIANCE_EXACT),
     M("batch-invariant-decode-split", "nanovllm_ref/attention/triton_backend.py",
-      "        if self.batch_invariant:  # decode steps too",
-      "        if self.batch_invariant and not meta.decode_only:  #",
+      "if meta.decode_only and not self.batch_invariant:", "if meta.decode_only:",
       "batch-invariant mode (CUDA): decode steps take the split-K decode kernel, its split count chosen by the batch",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
     M("batch-invariant-prefill-tile-by-chunk", "nanovllm_ref/attention/triton_backend.py",
-      "tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))",
-      "tile_config={**invariant_prefill_tile(self.num_heads, self.num_kv_heads), "
-      "'BLOCK_N': 64 if meta.max_query_len == 1 else 32})",
+      "tile = invariant_prefill_tile(self.num_heads, self.num_kv_heads) if",
+      "tile = {**invariant_prefill_tile(self.num_heads, self.num_kv_heads), "
+      "'BLOCK_N': 64 if meta.max_query_len == 1 else 32} if",
       "batch-invariant mode (CUDA): steps with prompt chunks reduce keys 32 at a time, decode steps 64 at a time",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
     M("batch-invariant-gemm-split-small", "nanovllm_ref/kernels/matmul.py", "    return out.view(*shape[:-1], n)",

@@ -15,7 +15,7 @@ K/V repeat) and attends with two batched matmuls and a softmax (SDPA's flash ker
 queries); a decode step that continues the previous one (same sequences, one token more each) appends that token
 to the layer's keys gathered at the previous step instead of gathering the whole context again
 (`DecodeContext`); a batch of fresh prompts attends prompt by prompt over the keys it just stored, on views of
-the rows store_kv kept (`forward` follows `store_kv`, as layers/attention.py calls them), through SDPA's causal
+the rows store_kv kept (read back from the cache when `forward` runs alone), through SDPA's causal
 kernel (which skips the key tiles above the diagonal; no padding). The first layer of a step plans for all
 (`Plan`). Numerically this is the reference up to float rounding (tests/attention/test_sdpa_backend.py checks
 it against `prefill_attention_reference` on random paged batches and steps).
@@ -183,7 +183,7 @@ class SdpaBackend(AttentionBackend):
             return as_dtype(out.view(q.shape), q.dtype)
         self.decode_ctx = None
         if plan.spans is not None:
-            return self._fresh_prompts(q, plan, step_kv)
+            return self._fresh_prompts(q, k_cache, v_cache, plan, step_kv)
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
         padded[plan.seq_of_token, plan.row] = q.float()
         k, v = self._gather(k_cache, v_cache, plan, plan.width)  # (seqs, kv_heads, width, d)
@@ -205,10 +205,14 @@ class SdpaBackend(AttentionBackend):
         return tuple(self._values(c.view(-1, self.head_dim).index_select(0, rows).view(shape), i, 1)
                      for i, c in enumerate((k_cache, v_cache)))
 
-    def _fresh_prompts(self, q: torch.Tensor, plan: Plan, step_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
+                       step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Prompts with nothing cached: each attends over the keys just stored, through SDPA's causal mask (which
         skips the key tiles above the diagonal), on views of the token rows: no padding, no copies in. Measured on
         the CPU benchmark's prefill against padding prompts of similar length into groups: 17 vs 22 ms a layer."""
+        if step_kv is None:  # called without store_kv (the kernel oracle's calls): this step's rows are in the cache
+            step_kv = tuple(torch.cat([x[i, :, : b - a].transpose(0, 1) for i, (a, b) in enumerate(plan.spans)])
+                            for x in self._gather(k_cache, v_cache, plan, plan.width))  # (tokens, kv_heads, d)
         queries, keys, values = q.float(), step_kv[0].float(), step_kv[1].float()  # (tokens, heads, d)
         outs = []
         for a, b in plan.spans:  # (1, heads, length, d) views
@@ -218,13 +222,13 @@ class SdpaBackend(AttentionBackend):
         return torch.cat(outs).to(q.dtype)  # (num_tokens, heads, d)
 
     def _decode_context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
-                        step_kv: tuple[torch.Tensor, torch.Tensor]) -> DecodeContext:
+                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> DecodeContext:
         """This layer's keys and values of a decode step: the previous step's plus the token just stored, or,
         when the step does not continue the previous one (or outgrows the room left), gathered afresh."""
         ctx = self.decode_ctx
         num_seqs, kv_heads, d = plan.tables.shape[0], self.num_kv_heads, self.head_dim
         if (ctx is not None and plan.extends is ctx.plan and ctx.cache_ptr == k_cache.data_ptr()
-                and plan.width <= ctx.v.shape[1]):
+                and plan.width <= ctx.v.shape[1] and step_kv is not None):  # (None: called without store_kv)
             k_elems, v_rows = plan.append_index(ctx.v.shape[1], kv_heads, d)  # each row's new token, at its position
             ctx.kt.view(-1).index_copy_(0, k_elems, as_dtype(step_kv[0], torch.float32).reshape(-1))
             ctx.v.view(-1, d).index_copy_(0, v_rows, as_dtype(step_kv[1], torch.float32).reshape(-1, d))

@@ -12,9 +12,9 @@ from torch import nn
 
 from ..attention import AttentionBackend, get_forward_context
 from ..config import ModelConfig
+from ..kernels.activation import silu_and_mul, silu_and_mul_reference
 from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import rotary_tables, rotate
-from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -92,10 +92,10 @@ class DecoderMLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
-        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)  # (n, 2 * inter) -> SwiGLU (n, inter): the Triton kernel on CUDA
+        return self.down_proj(silu_and_mul(gate_up) if gate_up.is_cuda else silu_and_mul_reference(gate_up))
 
 
 class DecoderLayer(nn.Module):

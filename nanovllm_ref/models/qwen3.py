@@ -1,4 +1,4 @@
-"""Qwen3 (and, through flags, the Qwen2 / Llama family): a pre-norm decoder with GQA, RoPE and SwiGLU.
+"""Qwen3 and, through flags, Qwen2, Llama and Mistral: a pre-norm decoder with GQA, RoPE and SwiGLU.
 
 Follows transformers' `modeling_qwen3.py` arithmetic (RMSNorm on q/k per head before RoPE, residual adds
 in the model dtype) with packed qkv / gate_up projections and TP-sharded layers. References: Qwen3
@@ -181,3 +181,24 @@ class Qwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return self.lm_head(hidden)
+
+
+class Qwen2ForCausalLM(Qwen3ForCausalLM):
+    """transformers' `Qwen2ForCausalLM`: the Qwen3 decoder with a bias on q/k/v and no q/k RMSNorm."""
+
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        return {**super().arch_flags(cfg), "qkv_bias": True, "o_bias": False, "qk_norm": False}
+
+
+class LlamaForCausalLM(Qwen3ForCausalLM):
+    """transformers' `LlamaForCausalLM` (Llama 2, 3, 3.x with "llama3" RoPE scaling): the Qwen3 decoder without
+    q/k norms, with optional attention/MLP biases."""
+
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        return {**super().arch_flags(cfg), "qk_norm": False, "mlp_bias": cfg.mlp_bias}
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """transformers' `MistralForCausalLM`: Llama's decoder. Its sliding window is not implemented: the engine
+    refuses a max_model_len beyond the window (config.resolve_spec), so nothing is ever computed with full
+    attention where the model expects a window."""

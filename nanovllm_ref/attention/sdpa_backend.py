@@ -55,7 +55,7 @@ class Plan:
     seq_of_token: torch.Tensor | None = None  # (num_tokens,): a query's sequence (queries after cached keys)...
     row: torch.Tensor | None = None  # ...and its row in the padded queries
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
-    last: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row, position) of each row's new token
+    last: torch.Tensor | None = None  # decode: (num_seqs,) int64 position of each row's new token
     spans: list[tuple[int, int]] | None = None  # fresh prompts only: each one's (first, end) token row
     _appends: dict = field(default_factory=dict)  # by capacity: where the context's rows come from and go
 
@@ -82,7 +82,7 @@ class Plan:
         ((seqs * kv_heads * head_dim,): one key element each) and into `v.view(-1, head_dim)` (one row each)."""
         if capacity not in self._appends:
             device = self.seq_lens.device
-            pos = self.last[1].repeat_interleave(kv_heads)  # (seqs * kv_heads,)
+            pos = self.last.repeat_interleave(kv_heads)  # (seqs * kv_heads,)
             rows = torch.arange(pos.shape[0], device=device)
             k_elems = (rows * (head_dim * capacity) + pos)[:, None] + torch.arange(head_dim, device=device) * capacity
             self._appends[capacity] = (k_elems.view(-1), rows * capacity + pos)
@@ -98,9 +98,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         # an additive mask, made once here for every layer, one row per (sequence, KV head) as the scores have them
         mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
         mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
-        last = (torch.arange(num_seqs, device=device), (meta.seq_lens - 1).long())
         # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
-        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=last)
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=(meta.seq_lens - 1).long())
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     plan = Plan(meta.block_tables, meta.seq_lens, block_size, None)

@@ -30,7 +30,7 @@ PARTS = (
     ("  q/k norm + RoPE (CPU path)", "models/qwen3.py", "_cpu_qk"),
     ("  rotary embedding", "kernels/rotary.py", "rotate"),
     ("  RMSNorm (hidden, q and k)", "kernels/rmsnorm.py", "rms_norm_reference"),
-    ("  MLP activation", "layers/activation.py", "forward"),
+    ("  MLP activation", "kernels/activation.py", "silu_and_mul_reference"),
     ("  linear layers", "torch._C._nn", "linear"),
     ("LM head (compute_logits)", "models/qwen3.py", "compute_logits"),
     ("sampling (on device)", "engine/model_runner.py", "_sample_on_device"),

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-
+from . import flash_attn_backend as fa
 from .base import AttentionBackend
 from .metadata import AttentionMetadata, forward_context, get_forward_context
+from .sdpa_backend import SdpaBackend
 from .torch_backend import TorchBackend
+from .triton_backend import TritonBackend
 
-BACKENDS: dict[str, str] = {
-    "torch": "nanovllm_ref.attention.torch_backend:TorchBackend",
-    "sdpa": "nanovllm_ref.attention.sdpa_backend:SdpaBackend",
-    "triton": "nanovllm_ref.attention.triton_backend:TritonBackend",
-    "flash-attn": "nanovllm_ref.attention.flash_attn_backend:FlashAttnBackend",
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    "torch": TorchBackend, "sdpa": SdpaBackend, "triton": TritonBackend, "flash-attn": fa.FlashAttnBackend,
 }
 
 
@@ -21,17 +19,14 @@ def resolve_backend_name(name: str, device: str, block_size: int = 16) -> str:
     if name == "auto":
         if device == "cpu":
             return "sdpa"
-        from .flash_attn_backend import PAGE_MULTIPLE, flash_attn_available
-
-        return "flash-attn" if flash_attn_available() and block_size % PAGE_MULTIPLE == 0 else "triton"
+        return "flash-attn" if fa.flash_attn_available() and block_size % fa.PAGE_MULTIPLE == 0 else "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
     return name
 
 
 def get_backend_class(name: str) -> type[AttentionBackend]:
-    module_name, cls_name = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    return BACKENDS[name]
 
 
 __all__ = [

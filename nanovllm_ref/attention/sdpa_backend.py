@@ -1,11 +1,12 @@
 """The `sdpa` backend, the CPU default: batched float32 attention over keys gathered from the paged cache.
 
 The torch reference loops over sequences in Python (a gather, two einsums and a softmax per sequence and
-layer); here every sequence's keys are gathered from the paged cache at once by slot index into a padded
-`(num_seqs, max_context, kv_heads, head_dim)` tensor, and the queries are padded to `(num_seqs, max_query_len)`,
-so a step costs the same few torch calls whatever its batch size (vLLM's CPU backend and transformers' `sdpa`
-paged attention also batch this way). Query token i of a sequence sits at position `seq_len - q_len + i`,
-so one mask `key_pos <= query_pos` covers cached prefixes, chunks and mixed steps in one SDPA call.
+layer); here every sequence's keys are gathered from the paged cache at once by slot index (one index_select,
+`Plan.context_rows`) into a padded `(num_seqs, kv_heads, max_context, head_dim)` tensor, and the queries are
+padded to `(num_seqs, max_query_len)`, so a step costs the same few torch calls whatever its batch size (vLLM's
+CPU backend and transformers' `sdpa` paged attention also batch this way). Query token i of a sequence sits at
+position `seq_len - q_len + i`, so one mask `key_pos <= query_pos` covers cached prefixes, chunks and mixed
+steps in one SDPA call.
 
 Keys past a sequence's context are read from its position 0 instead of whatever the cache holds there (a
 freed block may hold another request's NaN): masked scores are zero weights, and zero times NaN would still
@@ -14,10 +15,10 @@ K/V repeat) and attends with two batched matmuls and a softmax (SDPA's flash ker
 queries); a decode step that continues the previous one (same sequences, one token more each) appends that token
 to the layer's keys gathered at the previous step instead of gathering the whole context again
 (`DecodeContext`); a batch of fresh prompts attends prompt by prompt over the keys it just stored, on views of
-the token rows, through SDPA's causal kernel (which skips the key tiles above the diagonal; no padding). The
-first layer of a step plans for all (`Plan`). Numerically this is the reference up to float rounding
-(tests/attention/test_sdpa_backend.py checks it against `prefill_attention_reference` on random paged batches
-and steps).
+the rows store_kv kept (read back from the cache when `forward` runs alone), through SDPA's causal
+kernel (which skips the key tiles above the diagonal; no padding). The first layer of a step plans for all
+(`Plan`). Numerically this is the reference up to float rounding (tests/attention/test_sdpa_backend.py checks
+it against `prefill_attention_reference` on random paged batches and steps).
 An fp8 cache (kv_scales set): the step's K/V are quantized once in store_kv, and every read (this step's rows
 included) sees the stored values dequantized in float32 (kernels/kv_quant.py), as the reference does. The cache
 is gathered and written through uint8 views (torch's CPU index kernels have no fp8 variants), the rows viewed as
@@ -32,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.kv_quant import FP8, dequantize_kv, quantize_kv, split_scales
-from ..kernels.store_kv import store_kv_reference
 from .base import AttentionBackend
 from .metadata import AttentionMetadata
 
@@ -40,23 +40,6 @@ from .metadata import AttentionMetadata
 def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`x.to(dtype)` without a dispatch when it is already that (a decode step makes dozens of these calls)."""
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def gather_keys(
-    cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    slots: torch.Tensor,  # (num_seqs, max_context) int64
-) -> torch.Tensor:  # (num_seqs, num_kv_heads, max_context, head_dim)
-    rows = cache.view(-1, *cache.shape[2:]).index_select(0, slots.reshape(-1))
-    return rows.view(*slots.shape, *cache.shape[2:]).transpose(1, 2)
-
-
-def context_slots(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """(num_seqs, width * block_size) int64: the cache slot of every key position; past the context, slot 0's."""
-    num_seqs, width = block_tables.shape
-    slots = (block_tables.long() * block_size)[:, :, None] + torch.arange(block_size, device=block_tables.device)
-    slots = slots.view(num_seqs, width * block_size)
-    key_pos = torch.arange(slots.shape[1], device=slots.device)
-    return torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])
 
 
 @dataclass
@@ -72,28 +55,24 @@ class Plan:
     seq_of_token: torch.Tensor | None = None  # (num_tokens,): a query's sequence (queries after cached keys)...
     row: torch.Tensor | None = None  # ...and its row in the padded queries
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
-    last: tuple[torch.Tensor, torch.Tensor] | None = None  # decode: (row, position) of each row's new token
+    last: torch.Tensor | None = None  # decode: (num_seqs,) int64 position of each row's new token
     spans: list[tuple[int, int]] | None = None  # fresh prompts only: each one's (first, end) token row
-    _slots: torch.Tensor | None = None
-    _appends: dict = field(default_factory=dict)  # decode, by capacity: where the context's rows come from and go
+    _appends: dict = field(default_factory=dict)  # by capacity: where the context's rows come from and go
 
     @property
     def width(self) -> int:  # keys per row: max_blocks * block_size
         return self.tables.shape[1] * self.block_size
 
-    @property
-    def slots(self) -> torch.Tensor:  # (num_seqs, width) int64, made when a step gathers (not every decode step)
-        if self._slots is None:
-            self._slots = context_slots(self.tables, self.seq_lens, self.block_size)
-        return self._slots
-
     def context_rows(self, capacity: int, kv_heads: int) -> torch.Tensor:
         """(seqs * kv_heads * capacity,): the row of each (sequence, KV head, key position) in a layer's cache viewed
-        as (slots * kv_heads, head_dim), so one gather gives a DecodeContext its layout; past a sequence's context
-        (and in the room to grow), its position 0's: finite filler."""
+        as (slots * kv_heads, head_dim), so one gather gives the (seqs, kv_heads, capacity, head_dim) layout; past a
+        sequence's context (and in the room to grow), its position 0's: finite filler. Made when a step gathers (not
+        every decode step)."""
         if ("rows", capacity) not in self._appends:
-            slots = self.slots
-            slots = torch.cat([slots, slots[:, :1].expand(-1, capacity - slots.shape[1])], dim=1)  # (seqs, capacity)
+            key_pos = torch.arange(capacity, device=self.tables.device)
+            blocks = (key_pos // self.block_size).clamp(max=self.tables.shape[1] - 1)
+            slots = self.tables.long()[:, blocks] * self.block_size + key_pos % self.block_size  # (seqs, capacity)
+            slots = torch.where(key_pos < self.seq_lens[:, None], slots, slots[:, :1])
             heads = torch.arange(kv_heads, device=slots.device)[None, :, None]
             self._appends["rows", capacity] = (slots[:, None, :] * kv_heads + heads).view(-1)
         return self._appends["rows", capacity]
@@ -103,7 +82,7 @@ class Plan:
         ((seqs * kv_heads * head_dim,): one key element each) and into `v.view(-1, head_dim)` (one row each)."""
         if capacity not in self._appends:
             device = self.seq_lens.device
-            pos = self.last[1].repeat_interleave(kv_heads)  # (seqs * kv_heads,)
+            pos = self.last.repeat_interleave(kv_heads)  # (seqs * kv_heads,)
             rows = torch.arange(pos.shape[0], device=device)
             k_elems = (rows * (head_dim * capacity) + pos)[:, None] + torch.arange(head_dim, device=device) * capacity
             self._appends[capacity] = (k_elems.view(-1), rows * capacity + pos)
@@ -119,9 +98,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         # an additive mask, made once here for every layer, one row per (sequence, KV head) as the scores have them
         mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
         mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
-        last = (torch.arange(num_seqs, device=device), (meta.seq_lens - 1).long())
         # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
-        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=last)
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=(meta.seq_lens - 1).long())
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     plan = Plan(meta.block_tables, meta.seq_lens, block_size, None)
@@ -165,9 +143,15 @@ class SdpaBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.decode_ctx: DecodeContext | None = None
-        self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the k, v rows store_kv just stored
+        self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the rows store_kv just stored (no padding)
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        slots = as_dtype(meta.slot_mapping, torch.int64)
+        if "no_padding" not in meta.derived:  # (a CPU step has no padding rows: one check per step)
+            meta.derived["no_padding"] = bool((slots >= 0).all())
+        if not meta.derived["no_padding"]:  # rows of slot -1 are padding: neither stored nor attended
+            valid = slots >= 0
+            k, v, slots = k[valid], v[valid], slots[valid]
         if self.kv_scales is not None:  # attention reads what is stored: the fp8 values, dequantized
             k_scale, v_scale = split_scales(self.kv_scales)
             k, v = quantize_kv(k, k_scale), quantize_kv(v, v_scale)
@@ -175,12 +159,6 @@ class SdpaBackend(AttentionBackend):
             k, v, k_cache, v_cache = (x.view(torch.uint8) for x in (k, v, k_cache, v_cache))
         else:
             self.step_kv = (k, v)
-        no_padding = meta.derived.get("no_padding")
-        if no_padding is None:  # (a CPU step has no padding rows: one check per step, then one copy per tensor)
-            no_padding = meta.derived["no_padding"] = bool((meta.slot_mapping >= 0).all())
-        if not no_padding:
-            return store_kv_reference(k, v, k_cache, v_cache, meta.slot_mapping)
-        slots = as_dtype(meta.slot_mapping, torch.int64)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, as_dtype(k, k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, as_dtype(v, v_cache.dtype))
 
@@ -207,7 +185,7 @@ class SdpaBackend(AttentionBackend):
             return self._fresh_prompts(q, k_cache, v_cache, plan, step_kv)
         padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
         padded[plan.seq_of_token, plan.row] = q.float()
-        k, v = (self._values(gather_keys(c, plan.slots), i, 1) for i, c in enumerate((k_cache, v_cache)))
+        k, v = self._gather(k_cache, v_cache, plan, plan.width)  # (seqs, kv_heads, width, d)
         out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,
                                              enable_gqa=True)
         return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)
@@ -219,18 +197,21 @@ class SdpaBackend(AttentionBackend):
             return rows.float()
         return dequantize_kv(rows.view(FP8), split_scales(self.kv_scales)[which], heads_axis)
 
-    def _rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (n, kv_heads, head_dim) K and V values
-        return tuple(self._values(c.view(-1, *c.shape[2:])[slots], i, 1) for i, c in enumerate((k_cache, v_cache)))
+    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
+                capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seqs, kv_heads, capacity, head_dim) K and V values of every sequence's context: one index_select each."""
+        rows, shape = plan.context_rows(capacity, self.num_kv_heads), (-1, self.num_kv_heads, capacity, self.head_dim)
+        return tuple(self._values(c.view(-1, self.head_dim).index_select(0, rows).view(shape), i, 1)
+                     for i, c in enumerate((k_cache, v_cache)))
 
     def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                        step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Prompts with nothing cached: each attends over the keys just stored, through SDPA's causal mask (which
         skips the key tiles above the diagonal), on views of the token rows: no padding, no copies in. Measured on
         the CPU benchmark's prefill against padding prompts of similar length into groups: 17 vs 22 ms a layer."""
-        if step_kv is None or step_kv[0].shape[0] != q.shape[0]:  # padding rows in the store: read the keys back
-            slots = torch.cat([plan.slots[i, : b - a] for i, (a, b) in enumerate(plan.spans)])  # (num_tokens,)
-            step_kv = self._rows(k_cache, v_cache, slots)
+        if step_kv is None:  # called without store_kv (the kernel oracle's calls): this step's rows are in the cache
+            step_kv = tuple(torch.cat([x[i, :, : b - a].transpose(0, 1) for i, (a, b) in enumerate(plan.spans)])
+                            for x in self._gather(k_cache, v_cache, plan, plan.width))  # (tokens, kv_heads, d)
         queries, keys, values = q.float(), step_kv[0].float(), step_kv[1].float()  # (tokens, heads, d)
         outs = []
         for a, b in plan.spans:  # (1, heads, length, d) views
@@ -246,16 +227,13 @@ class SdpaBackend(AttentionBackend):
         ctx = self.decode_ctx
         num_seqs, kv_heads, d = plan.tables.shape[0], self.num_kv_heads, self.head_dim
         if (ctx is not None and plan.extends is ctx.plan and ctx.cache_ptr == k_cache.data_ptr()
-                and plan.width <= ctx.v.shape[1]):
-            if step_kv is None or step_kv[0].shape[0] != num_seqs:  # not one row per sequence: this step's slots
-                step_kv = self._rows(k_cache, v_cache, plan.slots[plan.last])
+                and plan.width <= ctx.v.shape[1] and step_kv is not None):  # (None: called without store_kv)
             k_elems, v_rows = plan.append_index(ctx.v.shape[1], kv_heads, d)  # each row's new token, at its position
             ctx.kt.view(-1).index_copy_(0, k_elems, as_dtype(step_kv[0], torch.float32).reshape(-1))
             ctx.v.view(-1, d).index_copy_(0, v_rows, as_dtype(step_kv[1], torch.float32).reshape(-1, d))
             ctx.plan = plan
         elif ctx is None or ctx.plan is not plan:
-            rows = plan.context_rows(plan.width + plan.width // 4 + k_cache.shape[1], kv_heads)
-            k, v = (self._values(c.view(-1, d).index_select(0, rows).view(num_seqs, kv_heads, -1, d), i, 1).view(
-                num_seqs * kv_heads, -1, d) for i, c in enumerate((k_cache, v_cache)))  # (seqs * kv_heads, capacity, d)
+            capacity = plan.width + plan.width // 4 + k_cache.shape[1]  # room to grow by a quarter and a block
+            k, v = (x.view(num_seqs * kv_heads, capacity, d) for x in self._gather(k_cache, v_cache, plan, capacity))
             ctx = self.decode_ctx = DecodeContext(plan, k_cache.data_ptr(), k.transpose(1, 2).contiguous(), v)
         return ctx

@@ -34,13 +34,12 @@ class TritonBackend(AttentionBackend):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        if self.batch_invariant:  # decode steps too: no batch-dependent split, one tile (kernels/invariant_attention)
-            return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                     self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales,
-                                     tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))
-        if meta.decode_only:
+        if meta.decode_only and not self.batch_invariant:  # batch-invariant decode steps take the one prefill tile
             return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                                     max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
                                     order=meta.decode_order, kv_scales=self.kv_scales)
+        # batch-invariant mode: no batch-dependent split, one tile (kernels/invariant_attention)
+        tile = invariant_prefill_tile(self.num_heads, self.num_kv_heads) if self.batch_invariant else None
         return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                 self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales)
+                                 self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales,
+                                 tile_config=tile)

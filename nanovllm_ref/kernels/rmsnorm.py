@@ -43,25 +43,24 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(
-        x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-        stride_x, stride_r, stride_o, stride_ro,  # row strides
+        x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,  # contiguous (rows, hidden) tensors, w (hidden,)
         hidden, eps,
         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     ):
-        row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
+        at = tl.program_id(0).to(tl.int64) * hidden + offs  # this token row's elements
         mask = offs < hidden
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # (BLOCK,) model dtype
+        x = tl.load(x_ptr + at, mask=mask, other=0.0)  # (BLOCK,) model dtype
         if HAS_RESIDUAL:
-            r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+            r = tl.load(res_ptr + at, mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the add, in model dtype
-            tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+            tl.store(res_out_ptr + at, x, mask=mask)
         h = x.to(tl.float32)
         var = tl.sum(h * h, 0) / hidden  # padded lanes are 0
         h = h * tl.rsqrt(var + eps)
         y = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # cast back to the model dtype, as the reference
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * stride_o + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + at, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(
@@ -86,9 +85,7 @@ def rms_norm(
     num_warps = max(1, min(16, block // 256))  # ~8 elements per thread
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, res_out,
-            x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
-            hidden, eps,
+            x2, r2, weight, out, res_out, hidden, eps,
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
         )
     out = out.view(shape)

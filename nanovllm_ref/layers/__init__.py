@@ -1,1 +1,1 @@
-"""Model building blocks: parallel linears, embeddings, RMSNorm, RoPE, activation, attention, sampler."""
+"""Model building blocks: parallel linears, embeddings, RMSNorm, RoPE, attention, sampler."""

@@ -27,12 +27,9 @@ class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
-        if bias:
-            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
-        else:
-            self.register_parameter("bias", None)
+        self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+        for param in self.parameters():  # the loader copies a checkpoint tensor through its parameter's weight_loader
+            param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         check_shape(param, loaded, param.shape)
@@ -56,9 +53,14 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, divide(output_size, tp_size(), "output size"), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        rows = param.shape[0]
-        check_shape(param, loaded, (rows * tp_size(), *param.shape[1:]))
-        param.data.copy_(loaded.narrow(0, tp_rank() * rows, rows))
+        offset, size, start, full = self.shard(shard_id, param.shape[0])
+        check_shape(param, loaded, (full, *param.shape[1:]))
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+    def shard(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
+        """Where checkpoint part `shard_id` goes: (first row in this rank's `rows`, rows, first row in the
+        checkpoint tensor, the checkpoint tensor's rows)."""
+        return 0, rows, tp_rank() * rows, rows * tp_size()
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -68,12 +70,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        size = self.output_sizes[shard_id]
-        offset = sum(self.output_sizes[:shard_id]) // tp_size()
-        check_shape(param, loaded, (size, *param.shape[1:]))
-        shard = size // tp_size()
-        param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, tp_rank() * shard, shard))
+    def shard(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
+        size = self.output_sizes[shard_id] // tp_size()
+        return sum(self.output_sizes[:shard_id]) // tp_size(), size, tp_rank() * size, self.output_sizes[shard_id]
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -94,18 +93,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden, out, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        d = self.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+    def shard(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
-            offset, size, start = 0, q_size, tp_rank() * q_size
-            full = q_size * tp_size()
-        else:
-            offset = q_size if shard_id == "k" else q_size + kv_size
-            size, start = kv_size, (tp_rank() // self.kv_replicas) * kv_size
-            full = self.total_num_kv_heads * d
-        check_shape(param, loaded, (full, *param.shape[1:]))
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+            return 0, q_size, tp_rank() * q_size, q_size * tp_size()
+        offset = q_size if shard_id == "k" else q_size + kv_size
+        return offset, kv_size, (tp_rank() // self.kv_replicas) * kv_size, self.total_num_kv_heads * self.head_dim
 
 
 class RowParallelLinear(LinearBase):

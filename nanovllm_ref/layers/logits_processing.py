@@ -34,8 +34,7 @@ def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: Sampli
     """(m, vocab) raw logits of `rows` -> (m, vocab) float32 processed scores (steps 1-5); `batch` holds the
     rows' temperature, top_k and top_p (already indexed to `rows`)."""
     scores = logits.float().clone()
-    _add_logit_bias(scores, rows)
-    _mask_stops_before_min_tokens(scores, rows)
+    _add_bias_and_min_tokens_mask(scores, rows)
     _apply_penalties(scores, rows, penalties or PenaltyCounts())
     min_p = torch.tensor([r.params.min_p for r in rows], device=scores.device)
     filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)  # else skip the sort
@@ -58,21 +57,15 @@ def sample_processed(
     return idx, scores
 
 
-def _add_logit_bias(scores: torch.Tensor, rows: list[ProcessedRow]) -> None:
+def _add_bias_and_min_tokens_mask(scores: torch.Tensor, rows: list[ProcessedRow]) -> None:
+    """Steps 1 and 2 as one scatter-add: each logit_bias entry, and -inf on the stop tokens of a row whose output is
+    shorter than min_tokens (a bias is finite, so -inf wins whatever was added before)."""
     entries = [(i, t, b) for i, r in enumerate(rows) for t, b in (r.params.logit_bias or {}).items()]
+    entries += [(i, t, float("-inf")) for i, r in enumerate(rows)
+                if len(r.token_ids) - r.num_prompt_tokens < r.params.min_tokens for t in r.stop_ids]
     if entries:
-        i, t, b = zip(*entries)
-        dev = scores.device
-        scores.index_put_((torch.tensor(i, device=dev), torch.tensor(t, device=dev)),
-                          torch.tensor(b, device=dev), accumulate=True)
-
-
-def _mask_stops_before_min_tokens(scores: torch.Tensor, rows: list[ProcessedRow]) -> None:
-    entries = [(i, t) for i, r in enumerate(rows)
-               if len(r.token_ids) - r.num_prompt_tokens < r.params.min_tokens for t in r.stop_ids]
-    if entries:
-        i, t = zip(*entries)
-        scores[torch.tensor(i, device=scores.device), torch.tensor(t, device=scores.device)] = float("-inf")
+        i, t, b = (torch.tensor(column, device=scores.device) for column in zip(*entries))
+        scores.index_put_((i, t), b.float(), accumulate=True)
 
 
 class PenaltyCounts:

@@ -19,11 +19,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def rope_parameters(hf_config: Any) -> dict:
-    params = getattr(hf_config, "rope_parameters", None)
-    if not params:
-        params = dict(getattr(hf_config, "rope_scaling", None) or {})
-    params = dict(params)
-    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))  # v4 keeps it at the top level
+    # v5: rope_parameters; v4: rope_scaling (or nothing), with rope_theta at the top level
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("rope_parameters.partial_rotary_factor != 1 is not supported")

@@ -5,9 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from .llama import LlamaForCausalLM, MistralForCausalLM
-from .qwen2 import Qwen2ForCausalLM
-from .qwen3 import Qwen3ForCausalLM
+from .qwen3 import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {

@@ -1,4 +1,4 @@
-"""Qwen3 (and, through flags, the Qwen2 / Llama family): a pre-norm decoder with GQA, RoPE and SwiGLU.
+"""Qwen3 and, through flags, Qwen2, Llama and Mistral: a pre-norm decoder with GQA, RoPE and SwiGLU.
 
 Follows transformers' `modeling_qwen3.py` arithmetic (RMSNorm on q/k per head before RoPE, residual adds
 in the model dtype) with packed qkv / gate_up projections and TP-sharded layers. References: Qwen3
@@ -12,9 +12,9 @@ from torch import nn
 
 from ..attention import AttentionBackend, get_forward_context
 from ..config import ModelConfig
+from ..kernels.activation import silu_and_mul, silu_and_mul_reference
 from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import rotary_tables, rotate
-from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -92,10 +92,10 @@ class DecoderMLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
-        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)  # (n, 2 * inter) -> SwiGLU (n, inter): the Triton kernel on CUDA
+        return self.down_proj(silu_and_mul(gate_up) if gate_up.is_cuda else silu_and_mul_reference(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -181,3 +181,24 @@ class Qwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return self.lm_head(hidden)
+
+
+class Qwen2ForCausalLM(Qwen3ForCausalLM):
+    """transformers' `Qwen2ForCausalLM`: the Qwen3 decoder with a bias on q/k/v and no q/k RMSNorm."""
+
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        return {**super().arch_flags(cfg), "qkv_bias": True, "o_bias": False, "qk_norm": False}
+
+
+class LlamaForCausalLM(Qwen3ForCausalLM):
+    """transformers' `LlamaForCausalLM` (Llama 2, 3, 3.x with "llama3" RoPE scaling): the Qwen3 decoder without
+    q/k norms, with optional attention/MLP biases."""
+
+    def arch_flags(self, cfg: ModelConfig) -> dict:
+        return {**super().arch_flags(cfg), "qk_norm": False, "mlp_bias": cfg.mlp_bias}
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """transformers' `MistralForCausalLM`: Llama's decoder. Its sliding window is not implemented: the engine
+    refuses a max_model_len beyond the window (config.resolve_spec), so nothing is ever computed with full
+    attention where the model expects a window."""

@@ -12,7 +12,7 @@ import os
 import torch
 
 from ..kernels.decode_attention import decode_attention
-from ..kernels.invariant_attention import invariant_prefill_tile
+from ..kernels.invariant_attention import invariant_decode_tile, invariant_prefill_tile
 from ..kernels.prefill_attention import prefill_attention
 from ..kernels.store_kv import store_kv
 from .base import AttentionBackend
@@ -21,7 +21,7 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 class TritonBackend(AttentionBackend):
     fused_store_ok = True
-    batch_invariant = False  # the engine's batch_invariant mode: every step through one prefill tile
+    batch_invariant = False  # the engine's batch_invariant mode: one key tile for every step, no split
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:
@@ -35,6 +35,10 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.batch_invariant:  # decode steps too: no batch-dependent split, one tile (kernels/invariant_attention)
+            if meta.decode_only:  # the decode kernel unsplit, the prefill tile's bits, longest context first
+                return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                        num_splits=1, tile_config=invariant_decode_tile(), order=meta.decode_order,
+                                        kv_scales=self.kv_scales)
             return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                                      self.scale, max_query_len=meta.max_query_len, kv_scales=self.kv_scales,
                                      tile_config=invariant_prefill_tile(self.num_heads, self.num_kv_heads))

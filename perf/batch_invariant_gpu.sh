@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
 # The batch-invariant mode on one GPU, in one run (logs into $1, default $OUT):
 #   1. the GEMM tile sweep (perf/invariant_tile.py; NO_SWEEP=1 skips it), against the tiles in kernels/matmul.py;
-#   2. the headline, default mode then batch-invariant mode (one engine at a time, nothing else on the GPU);
+#   2. the headline, default mode then batch-invariant mode, PAIRS times (default 1) interleaved (one engine at a
+#      time, nothing else on the GPU), and the ratio of their means;
 #   3. side by side (small KV budgets): the exact invariance module in batch-invariant mode on every golden and on
 #      Qwen3-0.6B's shape with random weights (20 compositions), the same in default mode (expected to fail), and
 #      the self-consistency module (--reference none) on Qwen3-0.6B in both modes and on every golden, every golden
 #      against its bf16 goldens in batch-invariant mode, and the GPU column of the batch-invariance mutants.
-# Usage: [TOTAL_S=N] [NO_SWEEP=1] bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
+# Usage: [TOTAL_S=N] [NO_SWEEP=1] [PAIRS=N] bash perf/batch_invariant_gpu.sh [LOGS] [TRIALS] [CONFORMANCE_TIMEOUT_S]
 set -u
 L=${1:-${OUT:-/tmp/batch_invariant}}; TRIALS=${2:-20}; CT=${3:-180}
 mkdir -p "$L/logs"; P=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 [ -z "${NO_SWEEP:-}" ] && $P -m perf.invariant_tile --json "$L/logs/tile.json" > "$L/logs/tile.log" 2>&1
-B="$P -m nanovllm_ref.testing.bench --arch qwen3-0.6b --workload headline --temperature 0 --repeat 1 --no-save --no-progress --no-ceilings"
-$B --json "$L/logs/headline_default.json" > "$L/logs/headline_default.log" 2>&1
-$B --batch-invariant --json "$L/logs/headline_invariant.json" > "$L/logs/headline_invariant.log" 2>&1
+# each run saved to its --json file only (--no-save would drop it)
+B="$P -m nanovllm_ref.testing.bench --arch qwen3-0.6b --workload headline --temperature 0 --repeat 1 --no-progress --no-ceilings"
+for i in $(seq "${PAIRS:-1}"); do  # interleaved: default, invariant, default, invariant, ...
+  $B --json "$L/logs/headline_default_$i.json" > "$L/logs/headline_default_$i.log" 2>&1
+  $B --batch-invariant --json "$L/logs/headline_invariant_$i.json" > "$L/logs/headline_invariant_$i.log" 2>&1
+done
+$P - "$L/logs" > "$L/logs/headline_ratio.log" 2>&1 <<'PY'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+tok = {f.stem: json.loads(f.read_text())["throughput"]["output_tok_s"] for f in sorted(d.glob("headline_*.json"))}
+for name, value in tok.items():
+    print(f"{name}: {value:,.0f} output tok/s")
+inv = [v for n, v in tok.items() if "invariant" in n]
+dflt = [v for n, v in tok.items() if "default" in n]
+if inv and dflt:
+    print(f"ratio: invariant / default = {sum(inv) / len(inv):,.0f} / {sum(dflt) / len(dflt):,.0f}"
+          f" = {sum(inv) / sum(dflt) * len(dflt) / len(inv):.1%} (means of {len(inv)} and {len(dflt)} runs)")
+PY
 Q=/tmp/qwen3-0.6b-random; $P -c "from nanovllm_ref.testing.bench.models import write_config; write_config('qwen3-0.6b', '$Q')"
 C="$P -m pytest -q -p no:cacheprovider -rfE --dtype bfloat16 --engine-arg device=cuda --report /dev/null"
 INV="conformance/test_batch_invariance.py --invariance exact --invariance-trials $TRIALS"
@@ -40,7 +56,7 @@ run default_qwen3-tiny $C $INV --invariance-trials 3 -x --model qwen3-tiny --eng
 run mutants_gpu $P -m tools.mutants --gpu --only batch-invariant --jobs 3 --timeout $((CT - 15)) --budget $((CT - 10)) \
   --out "$L/logs/mutants_gpu" &
 wait
-for f in "$L"/logs/*.log; do echo "== $(basename "$f")"; grep -E "passed|failed|error|rc=|tile|best|output tok/s|mean k3|caught|survived" "$f" | tail -6; done \
+for f in "$L"/logs/*.log; do echo "== $(basename "$f")"; grep -E "passed|failed|error|rc=|tile|best|ratio|output tok/s|mean k3|caught|survived" "$f" | tail -6; done \
   > "$L/summary.txt"
 tar -czf "$L/logs.tar.gz" -C "$L" logs && rm -rf "$L/logs"
 cat "$L/summary.txt"

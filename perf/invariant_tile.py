@@ -1,7 +1,7 @@
 """Sweep the batch-invariant GEMM's configuration (kernels/matmul.py: tile and split of K) per layer shape of the
 headline's model, against cuBLAS, and write the fastest invariant one of each shape for the engine.
 
-    python -m perf.invariant_tile [--json OUT.json] [--write] [--budget-s S]
+    python -m perf.invariant_tile [--json OUT.json] [--write] [--budget-s S] [--layers L,..] [--tiles T ..]
 
 Each candidate (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, SPLIT_K) is timed on Qwen3-0.6B's products
 (qkv, o, gate_up, down, LM head) at a decode step of 256 rows and a prefill step of 8,192 rows: CUDA-graph
@@ -10,6 +10,8 @@ weighted by how often the headline runs them (1,024 decode and 18 prefill steps;
 rows in both). Each is checked first: within bf16 rounding of F.linear, and a row bitwise the same alone, at row
 200 of 256 and at row 200 of 8,192 (the three take both of the kernel's split-K paths); a candidate that is not
 invariant is dropped. `--write` stores the fastest invariant candidate per shape in kernels/invariant_gemm.json.
+`--layers` sweeps some layers only (`--write` then keeps the others' entries); `--tiles` times these
+configurations ("BM,BN,BK,G,warps,stages,split") against each layer's current one instead of the built-in list.
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ TILES = ("64,128,64,8,4,4", "64,64,64,8,4,4", "128,128,64,8,8,3", "64,32,64,8,4,
 SPLITS = {1024: (1, 2, 3, 4), 2048: (1, 2, 4, 8), 3072: (1, 2, 3, 6)}
 
 
-def candidates(n: int, k: int) -> list[tuple[int, ...]]:
-    """Every unsplit tile first, then the splits nearest two programs per SM (264 on the H200) at a decode step of
-    256 rows (a first sweep found the wide layers fastest unsplit, the narrow ones split)."""
+def candidates(n: int, k: int, tiles: list[str] | None = None) -> list[tuple[int, ...]]:
+    """`tiles` given: the layer's current configuration, then those. Else every unsplit tile first, then the
+    splits nearest two programs per SM (264 on the H200) at a decode step of 256 rows (a first sweep found the wide
+    layers fastest unsplit, the narrow ones split)."""
+    if tiles:
+        current = matmul.gemm_config(n, k)
+        return [current] + [c for c in (tuple(map(int, t.split(","))) for t in tiles) if c != current]
     splits = (1,) if n > 16384 else SPLITS.get(k, (1, 2, 4))
     configs = [(*map(int, t.split(",")), s) for s in splits for t in TILES]
     return sorted(configs, key=lambda c: (c[6] > 1, abs(math.log(-(-256 // c[0]) * -(-n // c[1]) * c[6] / 264))))
@@ -88,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--write", action="store_true", help="store the best per shape in kernels/invariant_gemm.json")
     p.add_argument("--budget-s", type=float, default=600.0, help="per layer: stop trying candidates after this long")
+    p.add_argument("--layers", default=",".join(LAYERS), help="comma-separated names of LAYERS to sweep")
+    p.add_argument("--tiles", nargs="*", default=None, help="configurations to try against the current ones")
     args = p.parse_args(argv)
+    layers = {name: LAYERS[name] for name in args.layers.split(",")}
     results, best = {}, {}
-    for name, (n, k) in LAYERS.items():
+    for name, (n, k) in layers.items():
         end = time.monotonic() + args.budget_s
         row = results[name] = {"cublas_ms": weighted_ms(F.linear, n, k, name), "candidates": {}}
-        for config in candidates(n, k):
+        for config in candidates(n, k, args.tiles):
             if time.monotonic() > end:
                 break
             key = ",".join(map(str, config))
@@ -114,16 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| layer (N, K) | cuBLAS ms | best invariant config (BM,BN,BK,G,warps,stages,split) | ms | x cuBLAS |")
     for name, c in best.items():
         r = results[name]
-        print(f"| {name} {LAYERS[name]} | {r['cublas_ms']:.1f} | {c} | {r['candidates'][c]['ms']:.1f} | "
+        print(f"| {name} {layers[name]} | {r['cublas_ms']:.1f} | {c} | {r['candidates'][c]['ms']:.1f} | "
               f"{r['candidates'][c]['ms'] / r['cublas_ms']:.2f} |")
     print(f"all: {mine:.1f} ms against cuBLAS's {total:.1f} ms ({mine / total:.2f}x)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    if args.write and len(best) == len(LAYERS):
-        table = {f"{n},{k}": [int(v) for v in best[name].split(",")] for name, (n, k) in LAYERS.items()}
+    if args.write and len(best) == len(layers):
+        table = json.loads(matmul.CONFIGS_FILE.read_text()) if matmul.CONFIGS_FILE.exists() else {}
+        table.update({f"{n},{k}": [int(v) for v in best[name].split(",")] for name, (n, k) in layers.items()})
         matmul.CONFIGS_FILE.write_text(json.dumps(table, indent=1) + "\n")
-    return 0 if len(best) == len(LAYERS) else 1
+    return 0 if len(best) == len(layers) else 1
 
 
 if __name__ == "__main__":

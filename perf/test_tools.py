@@ -36,6 +36,22 @@ def test_decode_contexts_follow_the_running_requests():
     assert total == w.output_tokens  # one token per running request per step
 
 
+def test_invariant_attention_prefill_steps_pack_the_headline_prompts():
+    """perf/invariant_attention.py's prefill steps: every prompt token once, in order, chunks contiguous, steps full
+    up to the budget except the last."""
+    from perf.invariant_attention import BUDGET, prefill_steps
+
+    w = workloads.headline()
+    steps = prefill_steps(w)
+    assert [sum(t for _, _, t in s) for s in steps[:-1]] == [BUDGET] * (len(steps) - 1)
+    assert sum(t for s in steps for _, _, t in s) == workloads.HEADLINE_PROMPT_TOKENS
+    seen = [0] * len(w.prompts)
+    for i, first, tokens in (chunk for s in steps for chunk in s):
+        assert first == seen[i] and tokens > 0
+        seen[i] += tokens
+    assert seen == [len(p) for p in w.prompts]
+
+
 def test_other_workloads():
     p = workloads.prefix_heavy()
     assert p.num_requests == 256 and all(q[:1024] == p.prompts[0][:1024] for q in p.prompts)

@@ -12,7 +12,7 @@ import os
 import torch
 
 from ..kernels.decode_attention import decode_attention
-from ..kernels.invariant_attention import invariant_prefill_tile
+from ..kernels.invariant_attention import invariant_decode_tile, invariant_prefill_tile
 from ..kernels.prefill_attention import prefill_attention
 from ..kernels.store_kv import store_kv
 from .base import AttentionBackend
@@ -21,7 +21,7 @@ from .metadata import AttentionMetadata, decode_batch_bucket
 
 class TritonBackend(AttentionBackend):
     fused_store_ok = True
-    batch_invariant = False  # the engine's batch_invariant mode: every step through one prefill tile
+    batch_invariant = False  # the engine's batch_invariant mode: one key tile for every step, no split
 
     @classmethod
     def check_supported(cls, device: str, block_size: int, head_dim: int) -> None:
@@ -34,7 +34,11 @@ class TritonBackend(AttentionBackend):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.decode_only and not self.batch_invariant:  # batch-invariant decode steps take the one prefill tile
+        if meta.decode_only and self.batch_invariant:  # the decode kernel unsplit, the prefill tile's bits
+            return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                    num_splits=1, tile_config=invariant_decode_tile(), order=meta.decode_order,
+                                    kv_scales=self.kv_scales)
+        if meta.decode_only:
             return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                                     max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
                                     order=meta.decode_order, kv_scales=self.kv_scales)

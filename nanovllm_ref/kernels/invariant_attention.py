@@ -5,9 +5,11 @@ output to depend only on its own sequence's keys, never on the batch around it, 
 it is a decode or a prompt token. Both paths keep the FlashAttention-2 online softmax over key tiles of a fixed
 size, starting at key 0, in the same order for every query:
 
-- CUDA: the varlen prefill kernel (kernels/prefill_attention.py) serves every step, decode steps included, with
-  one tile (:func:`invariant_prefill_tile`) whatever the query lengths; so there is no split-K over the context
-  (the decode kernel's split count follows the batch) and a token's tiles are the same in any chunk. A key
+- CUDA: the varlen prefill kernel (kernels/prefill_attention.py) serves every step with a prompt token, decodes
+  mixed in included, with one tile (:func:`invariant_prefill_tile`) whatever the query lengths, and a token's tiles
+  are the same in any chunk; decode-only steps take the decode kernel unsplit (the default mode's split count
+  follows the batch) with the same tile (:func:`invariant_decode_tile`), so the same operations on each row, and
+  longest context first (the order programs run in changes no bits; it shortens the last wave). A key
   tile past a query's position is fully masked, which leaves its state bit for bit unchanged (rescale by
   exp2(0) = 1, add 0), so the tiles a longer chunk adds to a tile of queries change nothing.
 - CPU (:func:`invariant_attention_reference`, the torch backend's path in this mode): queries in units of a
@@ -31,6 +33,15 @@ def invariant_prefill_tile(num_heads: int, num_kv_heads: int) -> dict[str, int]:
     kernel's), 64 keys per tile, the decode kernel's 2 warps and 4 stages (decode steps dominate the runtime)."""
     block_g = triton.next_power_of_2(num_heads // num_kv_heads)
     return {"BLOCK_Q": max(1, UNIT_ROWS // block_g), "BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
+
+
+def invariant_decode_tile() -> dict[str, int]:
+    """The decode kernel's tile in this mode (decode-only steps, unsplit, longest context first): the prefill tile's
+    keys, warps and stages; its rows match too (the decode kernel pads a GQA group to >= 16 rows, the prefill tile
+    holds BLOCK_Q x BLOCK_G = 16, or one group when larger), so a decode token's attention is the prefill kernel's,
+    bit for bit (perf/invariant_attention.py checks it on the GPU; the invariance module checks it end to end)."""
+    tile = invariant_prefill_tile(1, 1)
+    return {key: tile[key] for key in ("BLOCK_N", "num_warps", "num_stages")}
 
 
 def _units(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: int,

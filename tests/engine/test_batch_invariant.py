@@ -64,8 +64,9 @@ def test_default_mode_is_not_bitwise_invariant() -> None:
 
 
 def test_triton_backend_in_the_mode_runs_its_one_tile() -> None:
-    """The CUDA path's attention (every step through the prefill kernel with the mode's one tile) in the Triton
-    interpreter: the needle alone and between fillers, prompt-chunked, gives the same tokens and logprobs to 1e-5.
+    """The CUDA path's attention (the prefill kernel with the mode's one tile, decode-only steps the decode kernel
+    unsplit with the same tile) in the Triton interpreter: the needle alone and between fillers, prompt-chunked,
+    gives the same tokens and logprobs to 1e-5.
     Not bitwise here: the interpreter's products are numpy's, which this check found not invariant to a row's place
     in the tile; the bitwise check of this path runs on CUDA (conformance/test_batch_invariance.py, -m gpu)."""
     pytest.importorskip("triton")

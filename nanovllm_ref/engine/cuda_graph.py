@@ -73,22 +73,22 @@ class DecodeGraphs:
     def can_run(self, step: StepInput) -> bool:
         return step.max_query_len == 1 and len(step.seq_lens) <= self.max_batch
 
-    def run(self, step: StepInput, input_ids: torch.Tensor | None = None) -> torch.Tensor:  # (num_seqs, hidden)
-        """Replay the graph for `step`; `input_ids` (on the device) replaces step.input_ids when given."""
+    def run(self, step: StepInput, taken: torch.Tensor | None = None, dst: torch.Tensor | None = None,
+            ) -> torch.Tensor:  # (num_seqs, hidden)
+        """Replay the graph for `step`; `taken` (on the device) are the input ids of rows `dst` when given."""
         n = len(step.seq_lens)
         bs = next(s for s in self.sizes if s >= n)
         self.stage = 1 - self.stage
         host_vectors, host_tables = self.host_vectors[self.stage], self.host_tables[self.stage]
         vec = host_vectors.numpy()
-        for row, values in enumerate((step.positions, step.slot_mapping, step.seq_lens), start=1):
+        for row, values in enumerate((step.input_ids, step.positions, step.slot_mapping, step.seq_lens)):
             vec[row, :n] = values
         vec[2, n:bs], vec[3, n:bs] = -1, 0
+        vec[0, n:bs] = 0  # a valid id in the padding rows (an earlier step's pending row left -1 there)
         vec[4, :bs] = np.argsort(-vec[3, :bs], kind="stable")
-        if input_ids is None:
-            vec[0, :n] = step.input_ids
-            self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
-        else:
-            self.input_ids[:n].copy_(input_ids)
+        self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
+        if taken is not None:
+            self.input_ids[dst] = taken
         tables = step.padded_block_tables()
         width = tables.shape[1]
         staged = host_tables[: n * width].view(n, width)

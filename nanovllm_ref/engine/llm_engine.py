@@ -236,11 +236,6 @@ class LLMEngine:
         step = prepare_step(ahead, self.config.kvcache_block_size)
         if not self._can_launch(step):
             return ahead, None
-        if ahead.decode_batch is not None:  # a decode step: every row's input is its token in `out`
-            keep = None
-            if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
-                keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
-            return ahead, self.runner.launch(step, prev=launched, rows=keep)
         if not step.pending:
             return ahead, self.runner.launch(step)
         row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
@@ -267,7 +262,7 @@ class LLMEngine:
             self._by_seq_id[seq_id].prompt_logprobs.extend(dicts)
         for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
             self._by_seq_id[seq_id].logprobs.append(entry)
-        done += self.scheduler.update(out, result.sampled, result.tokens)
+        done += self.scheduler.update(out, result.sampled)
         if self._with_stop_strings:
             done += self._check_stop_strings()
         return [o for o in map(self._pop_output, done) if o is not None]

@@ -30,7 +30,6 @@ _NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np
 @dataclass
 class StepOutput:
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token
-    tokens: list[int] | None = None  # the same tokens in StepInput.sample_seq_ids order, when every row sampled
     logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
@@ -214,21 +213,14 @@ class ModelRunner:
     def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
                        ) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
-        `taken` (on the device) are input ids from a step still in flight: of token rows `dst`, or of every row."""
+        `taken` (on the device) are the input ids of token rows `dst`, from a step still in flight."""
         all_rows = step.logits_rows_are_all_rows()
         if self.graphs is not None and self.graphs.can_run(step):
-            if dst is not None:
-                input_ids = self._tensor(step.input_ids, torch.int64)
-                input_ids[self._tensor(dst, torch.int64)] = taken
-                taken = input_ids
-            hidden = self.graphs.run(step, taken)
+            hidden = self.graphs.run(step, taken, None if dst is None else self._tensor(dst, torch.int64))
             return hidden if all_rows else hidden[self._tensor(step.logits_indices, torch.int64)]
         input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
         if taken is not None:
-            if dst is None:
-                input_ids = taken
-            else:
-                input_ids[dst_rows] = taken
+            input_ids[dst_rows] = taken
         with forward_context(meta):
             hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
         return hidden if all_rows else hidden[logits_rows]
@@ -245,11 +237,10 @@ class ModelRunner:
                dst: list[int] | None = None) -> Launched:
         """Queue a step without logprobs without waiting for it: forward, logits, sampling, and an asynchronous copy
         of the tokens to the host. With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled tokens
-        (`rows` of them, in order, if given) are taken on the device as the input ids of token rows `dst` (a step
-        with prefill chunks) or of every row (a decode step)."""
+        `rows` are taken on the device as the input ids of token rows `dst`."""
         taken = None
         if prev is not None:
-            taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
+            taken = prev.tokens[self._tensor(rows, torch.int64)]
             taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
         logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
@@ -310,7 +301,7 @@ class ModelRunner:
         """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
         k_max = max(step.num_logprobs, default=-1)
         if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
-            out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list
+            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
             return out
         if k_max >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode

@@ -31,7 +31,8 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     original = ModelRunner.launch
 
     def spy(self, step, prev=None, rows=None, dst=None):
-        ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables)),
+        dropped = prev is not None and len(rows) < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
+        ahead.append((prev is not None, dropped, max(map(len, step.block_tables)),
                       dst is not None and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
         return original(self, step, prev, rows, dst)
 
@@ -206,7 +207,7 @@ def test_abort_while_a_prefill_step_is_in_flight(path):
             for i in range(200):
                 if i == 3:
                     ahead = llm.engine._ahead
-                    general_ahead = ahead is not None and ahead[0].decode_batch is None
+                    general_ahead = ahead is not None and any(n > 1 for _, n in ahead[0].scheduled)
                     for rid in (ids[-1], ids[0]):  # the long prompt, mid-prefill, and a decoding request
                         results[rid] = llm.engine.abort_request(rid)
                 for out in llm.step():

@@ -214,16 +214,15 @@ class ModelRunner:
                        ) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
         `taken` (on the device) are the input ids of token rows `dst`, from a step still in flight."""
-        all_rows = step.logits_rows_are_all_rows()
-        if self.graphs is not None and self.graphs.can_run(step):
-            hidden = self.graphs.run(step, taken, None if dst is None else self._tensor(dst, torch.int64))
-            return hidden if all_rows else hidden[self._tensor(step.logits_indices, torch.int64)]
         input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
         if taken is not None:
             input_ids[dst_rows] = taken
-        with forward_context(meta):
-            hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
-        return hidden if all_rows else hidden[logits_rows]
+        if self.graphs is not None and self.graphs.can_run(step):
+            hidden = self.graphs.run(input_ids, positions, meta)
+        else:
+            with forward_context(meta):
+                hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
+        return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput | None:

@@ -189,17 +189,15 @@ class LLMEngine:
             return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
-        """The plain loop (schedule, run, apply) or, for a step the device can sample alone, the overlap loop (launch
-        it, schedule and launch the step behind it, then wait for it and apply it): mini-sglang's two loops."""
+        """Launch the step, then (for a step the device can sample alone, under async scheduling) schedule and launch
+        the step behind it, then wait for it and apply it: the plain loop, or mini-sglang's overlap loop."""
         out, launched = self._next_step()
         if launched is None:
             if not out.scheduled:
                 return []
-            step = prepare_step(out, self.config.kvcache_block_size)
-            if not self._can_launch(step):
-                return self._apply(out, self.runner.execute(step))
-            launched = self.runner.launch(step)
-        self._ahead = self._launch_behind(out, launched)
+            launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
+        if self._can_launch(launched.step):
+            self._ahead = self._launch_behind(out, launched)
         finished = self._apply(out, self.runner.collect(launched))
         self._drop_ahead_if_done()
         return finished

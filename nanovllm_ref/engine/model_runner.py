@@ -43,6 +43,9 @@ class Launched:
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
     host: torch.Tensor | None  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done` (rank 0)
     done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously, and on TP ranks other than 0
+    # what its logprobs are read from (rank 0, steps that ask for them): the logits, the sampling rows' logits and
+    # the processing path's (row indices, scores)
+    kept: tuple[torch.Tensor, torch.Tensor | None, Any] | None = None
 
 
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
@@ -225,55 +228,46 @@ class ModelRunner:
         return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
-    def execute(self, step: StepInput) -> StepOutput | None:
-        logits = self.model.compute_logits(self.compute_hidden(step))  # (num_logits, vocab), on rank 0 only
-        if tp_rank() != 0:
-            return None
-        return self._sample(step, logits)
-
-    @torch.inference_mode()
     def launch(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
                dst: list[int] | None = None) -> Launched:
-        """Queue a step without logprobs without waiting for it: forward, logits, sampling, and an asynchronous copy
-        of the tokens to the host. With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled tokens
-        `rows` are taken on the device as the input ids of token rows `dst`."""
+        """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
+        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled
+        tokens `rows` are taken on the device as the input ids of token rows `dst`."""
         taken = None
         if prev is not None:
             taken = prev.tokens[self._tensor(rows, torch.int64)]
             taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
-        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
+        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:
-            packed = self._sample_on_device(step, logits)[1]
+            sample_logits, packed, processed = self._sample_on_device(step, logits)
         else:
+            sample_logits = processed = None
             packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
         tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        wants_logprobs = step.prompt_logprobs or max(step.num_logprobs, default=-1) >= 0
+        kept = (logits, sample_logits, processed) if logits is not None and wants_logprobs else None
         if logits is None or self.device.type != "cuda":
-            return Launched(step, tokens, None if logits is None else packed, None)
+            return Launched(step, tokens, None if logits is None else packed, None, kept)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Launched(step, tokens, host, done)
+        return Launched(step, tokens, host, done, kept)
 
+    @torch.inference_mode()
     def collect(self, launched: Launched) -> StepOutput:
-        """Wait for a launched step and return its tokens."""
+        """Wait for a launched step; its tokens, and the logprobs and prompt logprobs it asked for."""
         if launched.done is not None:
             launched.done.synchronize()
-        tokens_list, finite_list = launched.host.tolist()
-        return self._outputs(StepOutput(), launched.step, tokens_list, finite_list)
-
-    def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
-        out = StepOutput()
+        out, step = StepOutput(), launched.step
+        logits, sample_logits, processed = launched.kept or (None, None, None)
         for seq_id, rows, targets, k in step.prompt_logprobs:
             targets = torch.tensor(targets, device=logits.device)
             out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
-        if not step.sample_seq_ids:
-            return out
-        sample_logits, packed, processed = self._sample_on_device(step, logits)
-        tokens_list, finite_list = packed.tolist()
-        return self._outputs(out, step, tokens_list, finite_list, sample_logits, packed[0], processed)
+        tokens_list, finite_list = launched.host.tolist()
+        return self._outputs(out, step, tokens_list, finite_list, sample_logits, launched.tokens, processed)
 
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,

@@ -14,6 +14,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.model_runner import ModelRunner
+from nanovllm_ref.engine.scheduler import Scheduler
 
 from ..conftest import QWEN3
 
@@ -85,9 +86,11 @@ def test_async_scheduling_by_default_only_on_cuda(path, monkeypatch):
     synchronously (asking for async scheduling, as the tests here do, still gets it)."""
     prompts = _prompts(3, seed=3)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    default, launched = _run(path, None, prompts, params, monkeypatch)
-    assert launched == [], "the CPU default launched steps ahead"
-    assert default == _run(path, True, prompts, params, monkeypatch)[0]
+    behind, original = [], Scheduler.schedule_ahead
+    monkeypatch.setattr(Scheduler, "schedule_ahead", lambda self, out: behind.append(out) or original(self, out))
+    default, _ = _run(path, None, prompts, params, monkeypatch)
+    assert behind == [], "the CPU default scheduled steps behind the one in flight"
+    assert default == _run(path, True, prompts, params, monkeypatch)[0] and behind
 
 
 def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):

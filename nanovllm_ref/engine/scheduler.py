@@ -117,7 +117,7 @@ class Scheduler:
         as done (`update` without its tokens: they stay on the device as the next step's input ids) and the step is
         scheduled as any other. None when nothing can run: the engine then waits for `in_flight`."""
         self.update(in_flight, None)
-        out = self._observed(self._schedule)
+        out = self.schedule()
         return out if out.scheduled else None
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -267,7 +267,21 @@ class ModelRunner:
             targets = torch.tensor(targets, device=logits.device)
             out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
         tokens_list, finite_list = launched.host.tolist()
-        return self._outputs(out, step, tokens_list, finite_list, sample_logits, launched.tokens, processed)
+        k_max = max(step.num_logprobs, default=-1)
+        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
+            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
+            return out
+        if k_max >= 0:
+            scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
+            entries = _logprob_dicts(sample_logits, launched.tokens, step.num_logprobs, scores)
+        for i, seq_id in enumerate(step.sample_seq_ids):
+            if not finite_list[i]:
+                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
+                continue
+            out.sampled[seq_id] = tokens_list[i]
+            if step.num_logprobs[i] >= 0:
+                out.logprobs[seq_id] = entries[i]
+        return out
 
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
@@ -287,26 +301,6 @@ class ModelRunner:
         processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
                      if step.processed else None)
         return sample_logits, packed, processed
-
-    def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],
-                 sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
-                 processed: Any = None) -> StepOutput:
-        """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
-        k_max = max(step.num_logprobs, default=-1)
-        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
-            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
-            return out
-        if k_max >= 0:
-            scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
-            entries = _logprob_dicts(sample_logits, tokens, step.num_logprobs, scores)
-        for i, seq_id in enumerate(step.sample_seq_ids):
-            if not finite_list[i]:
-                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
-                continue
-            out.sampled[seq_id] = tokens_list[i]
-            if step.num_logprobs[i] >= 0:
-                out.logprobs[seq_id] = entries[i]
-        return out
 
 
 def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], scores: torch.Tensor | None = None,

@@ -79,7 +79,7 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         )
         runner = ModelRunner(spec, model_config)
         conn.send(("ready", runner.num_kvcache_blocks))
-        launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
+        launched: dict[int, Launched] = {}  # steps launched and not yet collected, by the caller's key
         while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
             command, payload = message
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens

@@ -158,13 +158,20 @@ def test_tensor_parallel_bfloat16(model_spec, options, references, record) -> No
 def test_async_scheduling(model_spec, plain) -> None:
     """Greedy requests without logprobs (the steps async scheduling launches behind the one in flight: prefill
     chunks, mixed and decode steps, their input ids partly from the step in flight) give the plain run's tokens,
-    in 7-token chunks and a KV cache so small that requests are preempted (one run: the conformance time budget)."""
+    in 7-token chunks and a KV cache so small that requests are preempted (one run: the conformance time budget).
+    Every other request stops on a token of its own plain output mid-way: a row that finishes while the step
+    behind it is in flight, whose token there is dropped while the other rows' are applied."""
     longest = max(len(p) for p in plain.prompts) + plain.max_tokens
     setting = dict(max_num_batched_tokens=7, kvcache_block_size=16, num_kvcache_blocks=-(-longest // 16) + 2,
                    max_model_len=longest)
-    specs = [RequestSpec(list(p), {"temperature": 0.0, "max_tokens": plain.max_tokens, "ignore_eos": True})
-             for p in plain.prompts]
-    want = [o.token_ids for o in plain.outputs]
+    want, specs = [list(o.token_ids) for o in plain.outputs], []
+    for i, (prompt, tokens) in enumerate(zip(plain.prompts, want)):
+        params = {"temperature": 0.0, "max_tokens": plain.max_tokens, "ignore_eos": True}
+        at = next((k for k in range(len(tokens) // 2, len(tokens)) if tokens[k] not in tokens[:k]), None)
+        if i % 2 and at is not None:  # (the first occurrence of that token: the plain run ends there)
+            params["stop_token_ids"] = [tokens[at]]
+            want[i] = tokens[: at + 1]
+        specs.append(RequestSpec(list(prompt), params))
     adapter = NanovllmRefAdapter(model_spec.path, DTYPE, async_scheduling=True, **setting)
     try:
         got = [c[0].token_ids for c in adapter.run_requests(specs)]

@@ -44,13 +44,6 @@ def load_tokenizer(path: str) -> Any | None:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
-def safetensors_files(path: str) -> list[str]:
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")
-    return files
-
-
 def _target(name: str, mapping: dict[str, tuple[str, object]], model: nn.Module) -> tuple[str, object]:
     hit = model.checkpoint_target(name) if hasattr(model, "checkpoint_target") else None
     if hit is not None:
@@ -66,7 +59,10 @@ def load_weights(model: nn.Module, path: str) -> None:
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(model, "tie_word_embeddings", False)
     loaded: set[str] = set()
-    for file in safetensors_files(path):
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")
+    for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
                 for name in f.keys():

@@ -3,15 +3,12 @@
 This is the per-step CPU cost that sits between GPU forwards (nano-vllm's own scheduler + block manager:
 267 us per step on the headline workload, measured on a 2-core CPU VM; its input preparation and sampling come on
 top).
-`NANOVLLM_REF_PERF_SLOW_HOST=1` also prepares each steady decode step through the general per-sequence path (as
-if the DecodeBatch fast path were lost: ~1 ms on 256 sequences against a ~0.15 ms step on the 2-core machine), a
-deliberate slow-down that shows the CPU regression gate tripping (perf/gate_demo.sh --cpu). Three extra calls of
-the fast path (its earlier form) added ~25 us, inside a loaded machine's run-to-run noise.
+`NANOVLLM_REF_PERF_SLOW_HOST=1` also prepares each step's inputs twice (as if input preparation had doubled in
+cost), a deliberate slow-down that shows the CPU regression gate tripping (perf/gate_demo.sh --cpu).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
@@ -66,12 +63,12 @@ class HostSim:
         t1 = time.perf_counter()
         step = prepare_step(out, BLOCK_SIZE)
         if self.slow:
-            prepare_step(dataclasses.replace(out, decode_batch=None), BLOCK_SIZE)
+            prepare_step(out, BLOCK_SIZE)
         t2 = time.perf_counter()
         tokens = self._fake_tokens(len(step.sample_seq_ids))  # the model's output, as the runner gives it
         sampled = dict(zip(step.sample_seq_ids, tokens))
         t3 = time.perf_counter()
-        self.finished += len(self.scheduler.update(out, sampled, tokens))
+        self.finished += len(self.scheduler.update(out, sampled))
         if timed:
             t4 = time.perf_counter()
             self.stage_s["schedule"] += t1 - t0

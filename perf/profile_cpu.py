@@ -34,7 +34,7 @@ PARTS = (
     ("  linear layers", "torch._C._nn", "linear"),
     ("LM head (compute_logits)", "models/qwen3.py", "compute_logits"),
     ("sampling (on device)", "engine/model_runner.py", "_sample_on_device"),
-    ("outputs + logprobs", "engine/model_runner.py", "_outputs"),
+    ("collect: tokens + logprobs", "engine/model_runner.py", "collect"),
     ("scheduler.schedule", "engine/scheduler.py", "schedule"),
     ("scheduler.update", "engine/scheduler.py", "update"),
     ("prepare_step", "engine/inputs.py", "prepare_step"),

@@ -92,14 +92,6 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
         return True
 
-    def append_one_block_each(self, seqs: list[Sequence]) -> bool:
-        """One more block for each of `seqs` (decodes crossing a block boundary); all or nothing."""
-        if len(seqs) > len(self.free_queue):
-            return False
-        for seq in seqs:
-            seq.block_table.append(self._take_free_block())
-        return True
-
     def _take_free_block(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from ..attention import AttentionMetadata, forward_context
@@ -38,13 +37,6 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.order = torch.arange(n, dtype=torch.int64, device=device)  # longest context first (decode attention)
         self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
-        # host staging: pinned, filled with numpy, copied with one transfer per buffer. Two sets, used in turn:
-        # with async scheduling a step is staged while the previous step's copies may still be queued
-        # tables are staged flat at the step's own width, so the copy's source is contiguous pinned memory (a
-        # strided source would go through a pageable temporary, whose copy may wait for the stream to drain)
-        self.host_tables = [torch.zeros(n * width, dtype=torch.int32, pin_memory=True) for _ in range(2)]
-        self.host_vectors = [torch.zeros(5, n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-        self.stage = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.max_model_len = max_model_len  # an upper bound of the context: steers the decode splits
         self._capture(model)
@@ -73,30 +65,17 @@ class DecodeGraphs:
     def can_run(self, step: StepInput) -> bool:
         return step.max_query_len == 1 and len(step.seq_lens) <= self.max_batch
 
-    def run(self, step: StepInput, input_ids: torch.Tensor | None = None) -> torch.Tensor:  # (num_seqs, hidden)
-        """Replay the graph for `step`; `input_ids` (on the device) replaces step.input_ids when given."""
-        n = len(step.seq_lens)
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Replay the graph for a decode step whose inputs are on the device (ModelRunner's staging): they are
+        copied into the persistent buffers, device to device. Returns (num_seqs, hidden)."""
+        n, width = meta.block_tables.shape
         bs = next(s for s in self.sizes if s >= n)
-        self.stage = 1 - self.stage
-        host_vectors, host_tables = self.host_vectors[self.stage], self.host_tables[self.stage]
-        vec = host_vectors.numpy()
-        for row, values in enumerate((step.positions, step.slot_mapping, step.seq_lens), start=1):
-            vec[row, :n] = values
-        vec[2, n:bs], vec[3, n:bs] = -1, 0
-        vec[4, :bs] = np.argsort(-vec[3, :bs], kind="stable")
-        if input_ids is None:
-            vec[0, :n] = step.input_ids
-            self.input_ids[:bs].copy_(host_vectors[0, :bs], non_blocking=True)
-        else:
-            self.input_ids[:n].copy_(input_ids)
-        tables = step.padded_block_tables()
-        width = tables.shape[1]
-        staged = host_tables[: n * width].view(n, width)
-        staged.numpy()[:] = tables
-        self.positions[:bs].copy_(host_vectors[1, :bs], non_blocking=True)
-        self.slot_mapping[:bs].copy_(host_vectors[2, :bs], non_blocking=True)
-        self.seq_lens[:bs].copy_(host_vectors[3, :bs], non_blocking=True)
-        self.order[:bs].copy_(host_vectors[4, :bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(staged, non_blocking=True)
+        self.input_ids[:n] = input_ids
+        self.positions[:n] = positions
+        self.slot_mapping[:n] = meta.slot_mapping
+        self.seq_lens[:n] = meta.seq_lens
+        self.slot_mapping[n:bs], self.seq_lens[n:bs] = -1, 0
+        self.block_tables[:n, :width] = meta.block_tables
+        self.order[:bs] = torch.argsort(self.seq_lens[:bs], descending=True, stable=True)
         self.graphs[bs].replay()
         return self.hidden[:n]

@@ -1,7 +1,7 @@
 """Turn a scheduler decision into the flat, picklable inputs of one model step (pure Python).
 
 Built once on rank 0 and, under tensor parallelism, broadcast as is: workers keep no sequence state, so
-they can never disagree with the scheduler about prefill, decode or preemption. The per-token columns of a general
+they can never disagree with the scheduler about prefill, decode or preemption. The per-token columns of a
 step (input ids, positions, slots: 16,384 of each in a headline prefill step) are numpy arrays, computed from the
 per-sequence ones with a few vector operations; the runner stages them for the device with one copy.
 """
@@ -19,7 +19,7 @@ from .sequence import Sequence
 
 @dataclass
 class StepInput:
-    # per token: lists (decode steps) or int64 arrays (general steps)
+    # per token (int64 arrays from prepare_step)
     input_ids: list[int] | np.ndarray = field(default_factory=list)  # -1 where `pending` names the token
     positions: list[int] | np.ndarray = field(default_factory=list)
     slot_mapping: list[int] | np.ndarray = field(default_factory=list)
@@ -40,8 +40,7 @@ class StepInput:
     processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
-    # block_tables as a zero-padded (num_seqs, max blocks) int32 array: given by a DecodeBatch, else made once by
-    # padded_block_tables()
+    # block_tables as a zero-padded (num_seqs, max blocks) int32 array, made once by padded_block_tables()
     block_table_array: np.ndarray | None = None
     # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
     pending: list[tuple[int, int]] = field(default_factory=list)
@@ -82,8 +81,7 @@ class StepInput:
 
 
 def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
-    if out.decode_batch is not None:  # a steady decode step: the same fields, from the batch's arrays
-        return StepInput(**out.decode_batch.step_columns())
+    """The step's inputs, derived from its sequences (decode steps, prefill chunks and mixed steps alike)."""
     step = StepInput()
     input_ids, sampling_rows = [], []
     for seq, num_new in out.scheduled:

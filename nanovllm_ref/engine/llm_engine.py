@@ -75,9 +75,7 @@ class LLMEngine:
         )
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
-        self._by_seq_id: dict[int, Sequence] = {}
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
-        self._with_stop_strings: dict[int, Sequence] = {}  # seq_id -> sequence, while it runs (plain steps: empty)
         self._next_id = 0
         # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
         # runs once the tokens it continues from are known
@@ -140,14 +138,11 @@ class LLMEngine:
             seq = Sequence(request_id, token_ids, params, seed)
             if self.tokenizer is not None:  # every request's text, through one detokenizer per sample
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
-            if params.stop:
-                self._with_stop_strings[seq.seq_id] = seq
             seq.prefill_after = seqs[0] if seqs else None
             seqs.append(seq)
         for seq in seqs:
             seq.group = seqs if params.n > 1 else None
             self.scheduler.add(seq)
-            self._by_seq_id[seq.seq_id] = seq
         self.requests[request_id] = seqs[0]
         return request_id
 
@@ -181,25 +176,22 @@ class LLMEngine:
                 raise
             logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
             self._ahead = None
-            failed = [seq for seq in seqs if self._by_seq_id.get(seq.seq_id) is seq]
-            for seq in failed:
-                if not seq.is_finished:
+            for seq in seqs:
+                if not seq.is_finished:  # (those already finished keep their outcome; popped ones stay popped)
                     seq.error = f"the engine step failed: {type(e).__name__}: {e}"
                     self.scheduler.finish(seq, "error")
-            return [out for out in map(self._pop_output, failed) if out is not None]  # (None: n > 1 partial)
+            return [out for out in map(self._pop_output, seqs) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
-        """The plain loop (schedule, run, apply) or, for a step the device can sample alone, the overlap loop (launch
-        it, schedule and launch the step behind it, then wait for it and apply it): mini-sglang's two loops."""
+        """Launch the step, then (for a step the device can sample alone, under async scheduling) schedule and launch
+        the step behind it, then wait for it and apply it: the plain loop, or mini-sglang's overlap loop."""
         out, launched = self._next_step()
         if launched is None:
             if not out.scheduled:
                 return []
-            step = prepare_step(out, self.config.kvcache_block_size)
-            if not self._can_launch(step):
-                return self._apply(out, self.runner.execute(step))
-            launched = self.runner.launch(step)
-        self._ahead = self._launch_behind(out, launched)
+            launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
+        if self._can_launch(launched.step):
+            self._ahead = self._launch_behind(out, launched)
         finished = self._apply(out, self.runner.collect(launched))
         self._drop_ahead_if_done()
         return finished
@@ -236,11 +228,6 @@ class LLMEngine:
         step = prepare_step(ahead, self.config.kvcache_block_size)
         if not self._can_launch(step):
             return ahead, None
-        if ahead.decode_batch is not None:  # a decode step: every row's input is its token in `out`
-            keep = None
-            if len(ahead.scheduled) != len(out.scheduled):  # rows of `out` finished before `ahead` was scheduled
-                keep = [i for i, (seq, _) in enumerate(out.scheduled) if not seq.is_finished]
-            return ahead, self.runner.launch(step, prev=launched, rows=keep)
         if not step.pending:
             return ahead, self.runner.launch(step)
         row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
@@ -255,27 +242,27 @@ class LLMEngine:
             self._ahead = None
 
     def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
-        done = []
+        done, by_id = [], {seq.seq_id: seq for seq, _ in out.scheduled}
         for seq_id, message in result.errors.items():
-            seq = self._by_seq_id.get(seq_id)
-            if seq is None or seq.is_finished:  # finished while a step behind it was in flight
+            seq = by_id[seq_id]
+            if seq.is_finished:  # finished while a step behind it was in flight
                 continue
             seq.error = message
             self.scheduler.finish(seq, "error")
             done.append(seq)
         for seq_id, dicts in result.prompt_logprobs.items():
-            self._by_seq_id[seq_id].prompt_logprobs.extend(dicts)
+            by_id[seq_id].prompt_logprobs.extend(dicts)
         for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
-            self._by_seq_id[seq_id].logprobs.append(entry)
-        done += self.scheduler.update(out, result.sampled, result.tokens)
-        if self._with_stop_strings:
-            done += self._check_stop_strings()
+            by_id[seq_id].logprobs.append(entry)
+        done += self.scheduler.update(out, result.sampled)
+        done += self._check_stop_strings([seq for seq, _ in out.scheduled if seq.params.stop])
         return [o for o in map(self._pop_output, done) if o is not None]
 
-    def _check_stop_strings(self) -> list[Sequence]:
-        """Feed the new tokens of requests with stop strings to their detokenizers; finish those that stopped."""
+    def _check_stop_strings(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Feed the new tokens of `seqs` (the step's requests with stop strings) to their detokenizers; finish those
+        that stopped."""
         stopped = []
-        for seq in list(self._with_stop_strings.values()):
+        for seq in seqs:
             found = feed(seq)
             if found is None:
                 continue
@@ -302,8 +289,6 @@ class LLMEngine:
         del self.requests[seq.request_id]
         samples = []
         for i, s in enumerate(group):
-            del self._by_seq_id[s.seq_id]
-            self._with_stop_strings.pop(s.seq_id, None)
             tokens = s.output_token_ids
             text = self._text(s)  # (before a stop token becomes the stop_reason: its text is left out)
             if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):

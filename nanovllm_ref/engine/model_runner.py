@@ -30,7 +30,6 @@ _NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np
 @dataclass
 class StepOutput:
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token
-    tokens: list[int] | None = None  # the same tokens in StepInput.sample_seq_ids order, when every row sampled
     logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
@@ -44,6 +43,9 @@ class Launched:
     tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
     host: torch.Tensor | None  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done` (rank 0)
     done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously, and on TP ranks other than 0
+    # what its logprobs are read from (rank 0, steps that ask for them): the logits, the sampling rows' logits and
+    # the processing path's (row indices, scores)
+    kept: tuple[torch.Tensor, torch.Tensor | None, Any] | None = None
 
 
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
@@ -214,76 +216,72 @@ class ModelRunner:
     def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
                        ) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
-        `taken` (on the device) are input ids from a step still in flight: of token rows `dst`, or of every row."""
-        all_rows = step.logits_rows_are_all_rows()
-        if self.graphs is not None and self.graphs.can_run(step):
-            if dst is not None:
-                input_ids = self._tensor(step.input_ids, torch.int64)
-                input_ids[self._tensor(dst, torch.int64)] = taken
-                taken = input_ids
-            hidden = self.graphs.run(step, taken)
-            return hidden if all_rows else hidden[self._tensor(step.logits_indices, torch.int64)]
+        `taken` (on the device) are the input ids of token rows `dst`, from a step still in flight."""
         input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
         if taken is not None:
-            if dst is None:
-                input_ids = taken
-            else:
-                input_ids[dst_rows] = taken
-        with forward_context(meta):
-            hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
-        return hidden if all_rows else hidden[logits_rows]
-
-    @torch.inference_mode()
-    def execute(self, step: StepInput) -> StepOutput | None:
-        logits = self.model.compute_logits(self.compute_hidden(step))  # (num_logits, vocab), on rank 0 only
-        if tp_rank() != 0:
-            return None
-        return self._sample(step, logits)
+            input_ids[dst_rows] = taken
+        if self.graphs is not None and self.graphs.can_run(step):
+            hidden = self.graphs.run(input_ids, positions, meta)
+        else:
+            with forward_context(meta):
+                hidden = self.model(input_ids, positions)  # (num_tokens, hidden)
+        return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
     def launch(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
                dst: list[int] | None = None) -> Launched:
-        """Queue a step without logprobs without waiting for it: forward, logits, sampling, and an asynchronous copy
-        of the tokens to the host. With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled tokens
-        (`rows` of them, in order, if given) are taken on the device as the input ids of token rows `dst` (a step
-        with prefill chunks) or of every row (a decode step)."""
+        """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
+        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled
+        tokens `rows` are taken on the device as the input ids of token rows `dst`."""
         taken = None
         if prev is not None:
-            taken = prev.tokens if rows is None else prev.tokens[self._tensor(rows, torch.int64)]
+            taken = prev.tokens[self._tensor(rows, torch.int64)]
             taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
-        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))
+        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:
-            packed = self._sample_on_device(step, logits)[1]
+            sample_logits, packed, processed = self._sample_on_device(step, logits)
         else:
+            sample_logits = processed = None
             packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
         tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        wants_logprobs = step.prompt_logprobs or max(step.num_logprobs, default=-1) >= 0
+        kept = (logits, sample_logits, processed) if logits is not None and wants_logprobs else None
         if logits is None or self.device.type != "cuda":
-            return Launched(step, tokens, None if logits is None else packed, None)
+            return Launched(step, tokens, None if logits is None else packed, None, kept)
         host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Launched(step, tokens, host, done)
+        return Launched(step, tokens, host, done, kept)
 
+    @torch.inference_mode()
     def collect(self, launched: Launched) -> StepOutput:
-        """Wait for a launched step and return its tokens."""
+        """Wait for a launched step; its tokens, and the logprobs and prompt logprobs it asked for."""
         if launched.done is not None:
             launched.done.synchronize()
-        tokens_list, finite_list = launched.host.tolist()
-        return self._outputs(StepOutput(), launched.step, tokens_list, finite_list)
-
-    def _sample(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
-        out = StepOutput()
+        out, step = StepOutput(), launched.step
+        logits, sample_logits, processed = launched.kept or (None, None, None)
         for seq_id, rows, targets, k in step.prompt_logprobs:
             targets = torch.tensor(targets, device=logits.device)
             out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
-        if not step.sample_seq_ids:
+        tokens_list, finite_list = launched.host.tolist()
+        k_max = max(step.num_logprobs, default=-1)
+        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
+            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
             return out
-        sample_logits, packed, processed = self._sample_on_device(step, logits)
-        tokens_list, finite_list = packed.tolist()
-        return self._outputs(out, step, tokens_list, finite_list, sample_logits, packed[0], processed)
+        if k_max >= 0:
+            scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
+            entries = _logprob_dicts(sample_logits, launched.tokens, step.num_logprobs, scores)
+        for i, seq_id in enumerate(step.sample_seq_ids):
+            if not finite_list[i]:
+                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
+                continue
+            out.sampled[seq_id] = tokens_list[i]
+            if step.num_logprobs[i] >= 0:
+                out.logprobs[seq_id] = entries[i]
+        return out
 
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
@@ -303,26 +301,6 @@ class ModelRunner:
         processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
                      if step.processed else None)
         return sample_logits, packed, processed
-
-    def _outputs(self, out: StepOutput, step: StepInput, tokens_list: list[int], finite_list: list[int],
-                 sample_logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
-                 processed: Any = None) -> StepOutput:
-        """Fill `out` from the sampled tokens (the logits are needed only for logprobs)."""
-        k_max = max(step.num_logprobs, default=-1)
-        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
-            out.sampled, out.tokens = dict(zip(step.sample_seq_ids, tokens_list)), tokens_list
-            return out
-        if k_max >= 0:
-            scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
-            entries = _logprob_dicts(sample_logits, tokens, step.num_logprobs, scores)
-        for i, seq_id in enumerate(step.sample_seq_ids):
-            if not finite_list[i]:
-                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
-                continue
-            out.sampled[seq_id] = tokens_list[i]
-            if step.num_logprobs[i] >= 0:
-                out.logprobs[seq_id] = entries[i]
-        return out
 
 
 def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], scores: torch.Tensor | None = None,

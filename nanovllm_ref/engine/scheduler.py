@@ -6,9 +6,10 @@ sequences first (a decode is 1 token, an unfinished prefill chunk more), then wa
 running sequence is preempted: its blocks are freed and it is recomputed later from its tokens, so its
 output is unaffected. Nothing here asserts: a request that could never fit is refused before it is added
 (`check_fits`).
-Steady decode steps go through a DecodeBatch (decode_batch.py); `schedule_ahead` schedules the step behind the
-one in flight for the engine's async scheduling (vLLM v1's async scheduling): the step in flight is taken as done,
-its sampled tokens pending (known on the device only, which the step behind reads there) until `update` brings them.
+Every step, decodes included, takes this one path: a step's inputs are derived from the sequences (inputs.py).
+`schedule_ahead` schedules the step behind the one in flight for the engine's async scheduling (vLLM v1's async
+scheduling): the step in flight is taken as done, its sampled tokens pending (known on the device only, which the
+step behind reads there) until `update` brings them.
 `on_schedule` (optional, None by default) is called after every `schedule()` with the scheduler, the step's
 output and the waiting queue as it was before the step, so tests can check each decision against the
 invariants above (nanovllm_ref/oracle/schedule_check.py).
@@ -21,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .decode_batch import DecodeBatch
 from .sequence import Sequence, SequenceStatus
 
 
@@ -29,7 +29,6 @@ from .sequence import Sequence, SequenceStatus
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
-    decode_batch: DecodeBatch | None = None  # set when this is a steady decode step taken through the batch
     advanced: bool = False  # taken as done while in flight (schedule_ahead): its tokens are pending
 
     @property
@@ -52,7 +51,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self._decode_batch: DecodeBatch | None = None  # valid while it tracks `running` (see decode_batch.py)
         self.on_schedule: Callable[[Scheduler, SchedulerOutput, list[Sequence]], None] | None = None
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -81,8 +79,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        """The steady decode step through the DecodeBatch, else the general path's step."""
-        return self._observed(lambda: self._schedule_decodes() or self._schedule_general())
+        return self._observed(self._schedule)
 
     def _observed(self, make: Callable[[], SchedulerOutput]) -> SchedulerOutput:
         if self.on_schedule is None:
@@ -92,8 +89,7 @@ class Scheduler:
         self.on_schedule(self, out, waiting)
         return out
 
-    def _schedule_general(self) -> SchedulerOutput:
-        self._decode_batch = None  # a general step changes what the batch mirrors
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
@@ -116,44 +112,13 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def _schedule_decodes(self) -> SchedulerOutput | None:
-        """The steady decode step through the DecodeBatch; None when the general path must decide (an admission
-        may happen, the budget is short, a prefill is under way, or a block cannot be had without preemption)."""
-        running = self.running
-        if not running or self._may_admit() or len(running) > self.max_num_batched_tokens:
-            return None
-        batch = self._decode_batch
-        if batch is None:
-            batch = DecodeBatch(running, self.block_manager.block_size)
-            if not batch.all_decoding:
-                return None
-            self._decode_batch = batch
-        return self._claim_decode_step(batch)
-
     def schedule_ahead(self, in_flight: SchedulerOutput) -> SchedulerOutput | None:
-        """Async scheduling: the step after `in_flight`, scheduled before its tokens are known (they stay on the
-        device as the next step's input ids). A steady decode claims its DecodeBatch's next step; otherwise
-        `in_flight` is taken as done (`update` without its tokens) and the general path schedules. None when the next
-        step is a steady decode after a general one (the DecodeBatch is built from known tokens, one step later) or
-        nothing can run: the engine then waits for `in_flight` and schedules as usual."""
-        batch = self._decode_batch
-        if in_flight.decode_batch is batch is not None and batch.in_flight == 1 and not self._may_admit():
-            ahead = self._claim_decode_step(batch)
-            if ahead is not None:
-                return ahead
-        self.update(in_flight, None)  # taken as done: its tokens come later
-        if not self._may_admit() and all(s.num_tokens == s.num_computed_tokens + 1 for s in self.running):
-            return None
-        out = self._observed(self._schedule_general)
+        """Async scheduling: the step after `in_flight`, scheduled before its tokens are known. `in_flight` is taken
+        as done (`update` without its tokens: they stay on the device as the next step's input ids) and the step is
+        scheduled as any other. None when nothing can run: the engine then waits for `in_flight`."""
+        self.update(in_flight, None)
+        out = self.schedule()
         return out if out.scheduled else None
-
-    def _may_admit(self) -> bool:
-        return bool(self.waiting) and len(self.running) < self.max_num_seqs
-
-    def _claim_decode_step(self, batch: DecodeBatch) -> SchedulerOutput | None:
-        if not batch.claim_blocks(self.block_manager):
-            return None  # not enough free blocks for the rows starting a block: the general path preempts
-        return SchedulerOutput(scheduled=batch.scheduled, decode_batch=batch)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
@@ -182,38 +147,20 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt(self, seq: Sequence) -> None:  # (only on the general path, which has dropped the DecodeBatch)
+    def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int] | None, tokens: list[int] | None = None,
-               ) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int] | None) -> list[Sequence]:
         """The one place sequences advance: the scheduled ones count their new tokens as computed, those that sampled
         take their token, and a stop token or the length limit finishes them (returned). `sampled` maps seq_id ->
-        token, `tokens` (optional) has the same tokens in the step's sampling order (StepInput.sample_seq_ids) when
-        every row sampled. `sampled` None (async scheduling: `out` is in flight) does the first half only: the
-        tokens are pending (Sequence.num_pending) until a second call brings them (a sequence preempted meanwhile
-        keeps its token too: its recompute then starts from it)."""
-        batch, scheduled = out.decode_batch, out.scheduled
-        if batch is self._decode_batch is not None and sampled is not None and not out.advanced:  # decode_batch.py
-            if tokens is None:
-                tokens = list(map(sampled.get, batch.sampling[0]))
-            if None not in tokens:
-                if len(scheduled) != len(batch.seqs):  # rows finished while this step was in flight: their tokens go
-                    tokens = [t for (seq, _), t in zip(scheduled, tokens) if seq.status is not SequenceStatus.FINISHED]
-                full_rows, finished_rows = batch.advance(tokens)
-                self.block_manager.cache_full_blocks(*[batch.seqs[row] for row in full_rows])
-                finished = [batch.seqs[row] for row, _ in finished_rows]
-                for seq, (_, reason) in zip(finished, finished_rows):
-                    self.finish(seq, reason)
-                batch.remove_rows([row for row, _ in finished_rows])
-                self._decode_batch = batch  # finish() dropped it; without the finished rows it mirrors `running` again
-                return finished
-        self._decode_batch = None
-        live = [(s, n) for s, n in scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
+        token. `sampled` None (async scheduling: `out` is in flight) does the first half only: the tokens are pending
+        (Sequence.num_pending) until a second call brings them (a sequence preempted meanwhile keeps its token too:
+        its recompute then starts from it)."""
+        live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
         if not out.advanced:
             for seq, num_new in live:
                 seq.num_pending += sampled is None and out.samples(seq, num_new)
@@ -243,7 +190,6 @@ class Scheduler:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        self._decode_batch = None
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:

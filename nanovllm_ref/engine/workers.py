@@ -3,9 +3,9 @@
 Ranks talk through torch.distributed (gloo on CPU, NCCL on GPU) with a rendezvous on a free port chosen at
 start, and no process group lives in the caller: two engines coexist in one process tree. Each step the
 caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
-shared-memory names to clash); every rank runs the same forward; rank 0 samples and answers. Under async
-scheduling a step is "launched" on every rank and "collected" from rank 0 later: rank 0 broadcasts its
-sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
+shared-memory names to clash); every rank runs the same forward; rank 0 samples. A step is "launched" on every
+rank and "collected" from rank 0 (under async scheduling after the step behind it was launched): rank 0 broadcasts
+its sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
 raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
 raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
 """
@@ -79,20 +79,16 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         )
         runner = ModelRunner(spec, model_config)
         conn.send(("ready", runner.num_kvcache_blocks))
-        launched: dict[int, Launched] = {}  # decode steps queued ahead (async scheduling), by the caller's key
+        launched: dict[int, Launched] = {}  # steps launched and not yet collected, by the caller's key
         while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
             command, payload = message
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens
                 step, key, prev_key, rows, dst = payload
                 launched[key] = runner.launch(step, launched.get(prev_key), rows, dst)
-            elif command == "collect":  # rank 0 waits for the step and answers; the others only forget it
+            else:  # collect: rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
                     conn.send(("output", runner.collect(item)))
-            else:  # execute: every rank runs the forward, rank 0 samples and answers
-                out = runner.execute(payload)
-                if rank == 0:
-                    conn.send(("output", out))
     except (KeyboardInterrupt, EOFError):
         pass
     except BaseException as e:
@@ -177,23 +173,17 @@ class TPExecutor:
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
-    def execute(self, step: StepInput) -> StepOutput:
-        return self._ask_first_rank(("execute", step))
-
     def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
                dst: list[int] | None = None) -> TPLaunched:
-        """Async scheduling under TP: every rank queues the step (ModelRunner.launch) and keeps it; input ids
-        from `prev` are its tokens, which rank 0 broadcast on the device when it sampled them."""
+        """Every rank queues the step (ModelRunner.launch) and keeps it; input ids from `prev` (async scheduling) are
+        its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
         self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows, dst)))
         return TPLaunched(step, self._next_key)
 
     def collect(self, launched: TPLaunched) -> StepOutput:
-        """Rank 0's tokens of a launched step (the other ranks forget it)."""
-        return self._ask_first_rank(("collect", launched.key))
-
-    def _ask_first_rank(self, message: tuple) -> StepOutput:
-        self._send_all(message)
+        """Rank 0's output of a launched step (the other ranks forget it)."""
+        self._send_all(("collect", launched.key))
         return self._receive(range(1), COLLECTIVE_TIMEOUT.total_seconds() * 2)[0]
 
     def shutdown(self, graceful: bool = True) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.model_runner import ModelRunner
+from nanovllm_ref.engine.scheduler import Scheduler
 
 from ..conftest import QWEN3
 
@@ -31,7 +32,8 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     original = ModelRunner.launch
 
     def spy(self, step, prev=None, rows=None, dst=None):
-        ahead.append((prev is not None, rows is not None, max(map(len, step.block_tables)),
+        dropped = prev is not None and len(rows) < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
+        ahead.append((prev is not None, dropped, max(map(len, step.block_tables)),
                       dst is not None and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
         return original(self, step, prev, rows, dst)
 
@@ -84,9 +86,11 @@ def test_async_scheduling_by_default_only_on_cuda(path, monkeypatch):
     synchronously (asking for async scheduling, as the tests here do, still gets it)."""
     prompts = _prompts(3, seed=3)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    default, launched = _run(path, None, prompts, params, monkeypatch)
-    assert launched == [], "the CPU default launched steps ahead"
-    assert default == _run(path, True, prompts, params, monkeypatch)[0]
+    behind, original = [], Scheduler.schedule_ahead
+    monkeypatch.setattr(Scheduler, "schedule_ahead", lambda self, out: behind.append(out) or original(self, out))
+    default, _ = _run(path, None, prompts, params, monkeypatch)
+    assert behind == [], "the CPU default scheduled steps behind the one in flight"
+    assert default == _run(path, True, prompts, params, monkeypatch)[0] and behind
 
 
 def test_async_at_max_model_len_and_under_preemption(path, monkeypatch):
@@ -206,7 +210,7 @@ def test_abort_while_a_prefill_step_is_in_flight(path):
             for i in range(200):
                 if i == 3:
                     ahead = llm.engine._ahead
-                    general_ahead = ahead is not None and ahead[0].decode_batch is None
+                    general_ahead = ahead is not None and any(n > 1 for _, n in ahead[0].scheduled)
                     for rid in (ids[-1], ids[0]):  # the long prompt, mid-prefill, and a decoding request
                         results[rid] = llm.engine.abort_request(rid)
                 for out in llm.step():

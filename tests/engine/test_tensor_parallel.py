@@ -124,9 +124,10 @@ def test_tp2_async_scheduling_matches_tp1():
     with LLM(path, tensor_parallel_size=2, async_scheduling=True, **kw) as llm:  # (on the CPU: asked for)
         launches = []
         original = llm.engine.runner.launch
-        llm.engine.runner.launch = lambda *a, **k: launches.append(k.get("dst") is not None) or original(*a, **k)
+        llm.engine.runner.launch = lambda step, prev=None, rows=None, dst=None: launches.append(
+            (prev is not None, prev is not None and step.max_query_len > 1)) or original(step, prev, rows, dst)
         got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
-    assert len(launches) > 5, "steps did not take the async path under TP"
-    assert sum(launches) >= 2, "no step with prefill chunks took input ids on the device under TP"
+    assert sum(p for p, _ in launches) > 5, "steps did not take the async path under TP"
+    assert sum(c for _, c in launches) >= 2, "no step with prefill chunks took input ids on the device under TP"
     assert not multiprocessing.active_children()

@@ -54,15 +54,14 @@ def test_64_bit_seeds_at_both_ends_are_served(llm):
 
 
 def _fail_next_execute(llm, message: str) -> None:
-    """The next step the runner runs raises: synchronously (`execute`) or launched (`launch`: async scheduling
-    launches prefill steps too)."""
+    """The next step the runner launches (every step, prefill, decode or behind one in flight) raises."""
     runner = llm.engine.runner
 
     def broken(*args, **kwargs):
-        del runner.execute, runner.launch  # the class's methods again
+        del runner.launch  # the class's method again
         raise RuntimeError(message)
 
-    runner.execute = runner.launch = broken
+    runner.launch = broken
 
 
 def test_a_failing_step_fails_only_its_requests():

@@ -178,14 +178,13 @@ def test_a_failing_step_fails_only_its_requests(server, http):
     runner = server.served.loop.llm.engine.runner
 
     def restore() -> None:
-        for name in ("execute", "launch"):  # the class's methods again
-            runner.__dict__.pop(name, None)
+        runner.__dict__.pop("launch", None)  # the class's method again
 
-    def broken(*args, **kwargs):  # the next step, run synchronously or launched (async scheduling)
+    def broken(*args, **kwargs):  # the next step the runner launches
         restore()  # fail once
         raise RuntimeError("injected failure")
 
-    runner.execute = runner.launch = broken
+    runner.launch = broken
     try:
         r = http.post("/v1/completions", json={**NORMAL, "prompt": [8, 9, 10, 11]})
     finally:

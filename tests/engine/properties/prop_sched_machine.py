@@ -87,8 +87,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.num_steps += 1
         check_schedule(s, out, waiting_before)
         step = prepare_step(out, bs)
-        if out.decode_batch is None or prev is None:  # (a decode step claimed ahead: positions are its batch's)
-            check_step_input(out, step, bs)
+        check_step_input(out, step, bs)
         return self._fake_model(out, step, prev)
 
     def _run_step(self, fail: int | None = None, ahead: bool = False) -> None:
@@ -108,15 +107,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             behind = s.schedule_ahead(out)
             if behind is not None:
                 self.ahead = (behind, self._scheduled_and_run(behind, waiting_before, sampled))
-        failed, tokens = None, list(sampled.values())  # (the runner's tokens in sampling order, every row sampled)
+        failed = None
         live = [q for q, _ in out.scheduled if not q.is_finished]
         if fail is not None and live:
             failed = live[fail % len(live)]
             s.finish(failed, "error")
             sampled.pop(failed.seq_id, None)
             self._request(failed).ended = "error"
-            tokens = None
-        finished = s.update(out, sampled, tokens)  # (rows finished in flight: the scheduler drops their tokens)
+        finished = s.update(out, sampled)  # (rows finished in flight: the scheduler drops their tokens)
         sampled = {i: t for i, t in sampled.items() if not self._by_id(i).is_finished or self._by_id(i) in finished}
         self._record(out, sampled, finished)
         self._check_tokens()
@@ -145,10 +143,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         bm = self.sched.block_manager
         bs = bm.block_size
         input_ids = list(step.input_ids)
-        pending = step.pending
-        if out.decode_batch is not None and prev is not None:  # a decode step claimed ahead: every row's input
-            pending = [(i, q.seq_id) for i, (q, _) in enumerate(out.scheduled)]
-        for row, seq_id in pending:
+        for row, seq_id in step.pending:
             input_ids[row] = prev[seq_id]
         check(-1 not in input_ids, "pending", f"pending input ids left: {step.input_ids}, {step.pending}")
         for slot, token in zip(step.slot_mapping, input_ids):

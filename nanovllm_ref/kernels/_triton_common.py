@@ -113,13 +113,21 @@ if triton is not None:
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N) f32, log2 domain
-        if MASKED:
-            s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))
         # Every row sees at least one key in the first tile it processes (callers guarantee it), so m_new is
         # finite from then on and no exp2(-inf - -inf) NaN can appear.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            visible = offs_n[None, :] < row_end[:, None]
+            m_new = tl.maximum(m_i, tl.max(tl.where(visible, s, float("-inf")), 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile (m_i = -inf)
+        # exp2 of the very expression the unmasked tile computes (the compiler fuses `s * qk_scale - m` into one
+        # FMA), the mask applied after it: a key's weight has the same bits whether its tile is masked for the
+        # query's chunk or not, which the batch-invariant mode needs (a masked `s` before the subtraction stops
+        # the fusion, and the masked tile's weights then differ from the unmasked one's in the last bit)
         p = tl.exp2(s - m_new[:, None])
+        if MASKED:
+            p = tl.where(visible, p, 0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(v.dtype)  # P in the K/V dtype for the second product, as FlashAttention does
         if UPCAST:

@@ -117,9 +117,10 @@ if triton is not None:
         # finite from then on and no exp2(-inf - -inf) NaN can appear.
         if MASKED:
             visible = offs_n[None, :] < row_end[:, None]
-            m_new = tl.maximum(m_i, tl.max(tl.where(visible, s, float("-inf")), 1))
+            s_max = tl.where(visible, s, float("-inf"))
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            s_max = s
+        m_new = tl.maximum(m_i, tl.max(s_max, 1))
         alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile (m_i = -inf)
         # exp2 of the very expression the unmasked tile computes (the compiler fuses `s * qk_scale - m` into one
         # FMA), the mask applied after it: a key's weight has the same bits whether its tile is masked for the

@@ -174,7 +174,9 @@ def run_pass(llm: Any, w: workloads.Workload, first: int, skip: int, window: int
             engine.step()
         if timed:
             sync(dev)
-            info.update(log[-1])  # the prefill steps are general steps (no async launch)
+            # the i-th step that ran is the i-th one scheduled (async scheduling schedules the next one during a
+            # step: the log's last entry may be that one; a schedule-ahead that found nothing to run is dropped)
+            info.update([e for e in log if e["seqs"]][i])
         key = "wall_ms" if timed else "host_ms"  # a step launched ahead returns before its device work ends
         steps.append({"index": i, key: 1e3 * (time.perf_counter() - t0), **info})
         if i == first + skip - 1:  # the decode window is timed as a whole: no syncs inside it

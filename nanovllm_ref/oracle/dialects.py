@@ -54,12 +54,14 @@ def split_dialect(name: str) -> tuple[str, str]:
 
 def legacy_view(checkpoint_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """A folder holding ``checkpoint_dir`` in the ``rope_scaling`` dialect (links to its files, a rewritten
-    config.json), made once per config content under ``cache_dir`` (default ``$NANOVLLM_REF_CACHE`` or
-    ``~/.cache/nanovllm_ref``); returns its path."""
+    config.json), made once per checkpoint folder and config content under ``cache_dir`` (default
+    ``$NANOVLLM_REF_CACHE`` or ``~/.cache/nanovllm_ref``); returns its path. The folder's path is in the key: two
+    copies of one checkpoint (two checkouts, an install and a source tree) must not share links into one of them,
+    which dangle once it is gone."""
     src = Path(checkpoint_dir).resolve()
     config = json.loads((src / "config.json").read_text())
     legacy = legacy_rope_config(config)
-    digest = hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([str(src), legacy], sort_keys=True).encode()).hexdigest()[:12]
     root = Path(cache_dir or os.environ.get("NANOVLLM_REF_CACHE") or Path.home() / ".cache" / "nanovllm_ref")
     dst = root / "dialects" / f"{src.name}@{LEGACY}-{digest}"
     if (dst / "config.json").is_file():

@@ -62,6 +62,24 @@ def test_view_links_weights_and_rewrites_config(tmp_path) -> None:
     assert legacy_view(checkpoint_path("llama3-bias-hd32"), tmp_path) == str(view)  # made once
 
 
+def test_copies_of_one_checkpoint_get_their_own_views(tmp_path) -> None:
+    # one config in two folders (two checkouts): each view links into its own folder, so deleting one copy
+    # leaves the other's view whole
+    src = Path(checkpoint_path("qwen3-tiny"))
+    copies = []
+    for name in ("a", "b"):
+        copy = tmp_path / name / "qwen3-tiny"
+        copy.mkdir(parents=True)
+        for f in src.iterdir():
+            if f.is_file():
+                (copy / f.name).write_bytes(f.read_bytes())
+        copies.append(copy)
+    views = [Path(legacy_view(c, tmp_path / "cache")) for c in copies]
+    assert views[0] != views[1]
+    for copy, view in zip(copies, views):
+        assert (view / "model.safetensors").resolve() == (copy / "model.safetensors").resolve()
+
+
 def test_nanovllm_ref_passes_the_goldens_through_the_legacy_view(tmp_path) -> None:
     from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
     from nanovllm_ref.oracle.references import golden_reference, run_check

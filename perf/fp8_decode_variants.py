@@ -15,7 +15,7 @@ becomes float16:
 load whatever num_stages), so a program has one tile of loads in flight while it computes; two tiles per iteration
 double the bytes in flight per program at the same occupancy.
 Measured on the H200 (perf/RESULTS.md): 1 at (64 keys, 2 warps, 6 stages) and (32, 1, 8) is the fastest and became
-the engine's fp8 tile (kernels/decode_fp8_tile.py); stages 5-6 (two buffers per load) beat 2-4 (one) and 8 (three).
+the engine's fp8 tile (attend_tile's V_PTX); stages 5-6 (two buffers per load) beat 2-4 (one) and 8 (three).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from nanovllm_ref.kernels._triton_common import LOG2E, num_sms, tl, triton
 from nanovllm_ref.kernels.decode_attention import _decode_reduce_kernel, decode_num_splits, decode_workspace_numel
 
 if triton is not None:
-    from nanovllm_ref.kernels.decode_fp8_tile import e4m3x4_to_f16
+    from nanovllm_ref.kernels._triton_common import e4m3x4_to_f16
 
     @triton.jit
     def e4m3x4_to_f16_bits(x):

@@ -47,6 +47,12 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @functools.cache
+def native_e4m3(device: torch.device) -> bool:
+    """True on a CUDA GPU whose PTX has `cvt.rn.f16x2.e4m3x2` (compute capability 8.9+: Ada, Hopper and later)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+@functools.cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of the device (a host-side property query, once per device: no sync); 8 off-GPU."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
@@ -70,6 +76,19 @@ if triton is not None:
         return x.to(tl.float8e4nv)
 
     @triton.jit
+    def e4m3x4_to_f16(x):
+        """Four e4m3 values (one 32-bit register) -> four float16, two `cvt.rn.f16x2.e4m3x2` (sm_89+, `native_e4m3`);
+        exact: every e4m3 value is a float16. The fp8 decode tile's V (attend_tile's V_PTX): a plain `.to(float16)`
+        lets Triton sink the conversion below the shared-memory staging, and since `tl.dot` wants V's key dimension
+        per thread and sm_90 has no transposing `ldmatrix` for 8-bit data, V is then read from shared memory one
+        byte per instruction (128 `LDS.U8` per warp and 64-key tile). Converted right after its global load, V is
+        staged as float16 and read by a 16-bit transposing `ldmatrix`. Impure, so the compiler keeps it where it
+        is written. K needs none of this: its products want head_dim per thread, the cache's contiguous axis."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+
+    @triton.jit
     def attend_tile(
         acc, l_i, m_i,  # running state: (BLOCK_M, BLOCK_D) f32, (BLOCK_M,) f32, (BLOCK_M,) f32 (log2 domain)
         q,  # (BLOCK_M, BLOCK_D), zero in padded rows/columns
@@ -82,6 +101,7 @@ if triton is not None:
         stride_cb, stride_cs, stride_cd,  # cache strides: block, row in block, dim
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
         MASKED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        V_PTX: tl.constexpr,  # an fp8 V converted to float16 by e4m3x4_to_f16 (q float16), else by .to(q.dtype)
     ):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         offs_d = tl.arange(0, BLOCK_D)
@@ -105,7 +125,10 @@ if triton is not None:
             k = tl.load(k_cache_ptr + kv_off)
             v = tl.load(v_cache_ptr + kv_off)
         k = k.to(q.dtype)
-        v = v.to(q.dtype)
+        if V_PTX:
+            v = e4m3x4_to_f16(v)
+        else:
+            v = v.to(q.dtype)
 
         # (the two products are written out rather than in a helper: nested jit calls are slow to interpret)
         if UPCAST:  # interpreter: see upcast_dots

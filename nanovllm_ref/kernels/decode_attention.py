@@ -26,8 +26,8 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   (22.9k vs 25.3k tok/s on the H200 headline, below the bf16 cache). Every e4m3 value is exact in fp16 (float32
   queries keep float32 products). The K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py). On sm_89+
-  the tiles are kernels/decode_fp8_tile.py's (V converted by PTX before its shared-memory staging), one warp and
-  32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
+  V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
+  warp and 32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -43,8 +43,7 @@ import os
 
 import torch
 
-from ._triton_common import LOG2E, dot_precision, f16_dots, num_sms, tl, triton, upcast_dots
-from .decode_fp8_tile import native_e4m3
+from ._triton_common import LOG2E, dot_precision, f16_dots, native_e4m3, num_sms, tl, triton, upcast_dots
 from .prefill_attention import prefill_attention_reference
 
 
@@ -64,7 +63,6 @@ def decode_attention_reference(
 
 if triton is not None:
     from ._triton_common import attend_tile
-    from .decode_fp8_tile import attend_fp8_tile
 
     @triton.jit
     def _decode_split_kernel(
@@ -84,7 +82,7 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
-        F16_DOTS: tl.constexpr, V_PTX: tl.constexpr,  # V_PTX: fp8 tiles by kernels/decode_fp8_tile.py
+        F16_DOTS: tl.constexpr, V_PTX: tl.constexpr,  # V_PTX: an fp8 V converted by PTX (attend_tile)
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -111,7 +109,7 @@ if triton is not None:
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
         if F16_DOTS or V_PTX:
-            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype; attend_fp8_tile to float16
+            q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -120,24 +118,14 @@ if triton is not None:
         v_base = v_cache_ptr + kvh * stride_ch
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         row_end = tl.full([BLOCK_G], 0, tl.int32) + end
-        if V_PTX:
-            for n0 in range(start, full_end, BLOCK_N):
-                acc, l_i, m_i = attend_fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, qk_scale,
-                                                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                                                HEAD_DIM, False)
-            if full_end < end:  # the split's last, partial tile
-                acc, l_i, m_i = attend_fp8_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, qk_scale,
-                                                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                                                HEAD_DIM, True)
-        else:
-            for n0 in range(start, full_end, BLOCK_N):
-                acc, l_i, m_i = attend_tile(
-                    acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale,
-                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC)
-            if full_end < end:  # the split's last, partial tile
-                acc, l_i, m_i = attend_tile(
-                    acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale,
-                    stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
+        for n0 in range(start, full_end, BLOCK_N):
+            acc, l_i, m_i = attend_tile(
+                acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale, stride_cb, stride_cs,
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, V_PTX)
+        if full_end < end:  # the split's last, partial tile
+            acc, l_i, m_i = attend_tile(
+                acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale, stride_cb, stride_cs,
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, V_PTX)
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
 
@@ -198,7 +186,7 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 
 
 # H200, the headline's decode steps 0 / 320 / 640 (256 / 182 / 90 sequences, 8 KV heads, d 128), V converted by PTX
-# (kernels/decode_fp8_tile.py): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
+# (_triton_common.e4m3x4_to_f16): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
 # shared-memory buffers, 8 three (the block-table load before them takes its share of the stages).
@@ -210,7 +198,7 @@ FP8_WIDE_PROGRAMS_PER_SM = 8
 
 
 def ptx_fp8_tiles(q: torch.Tensor, kv_scales: torch.Tensor | None) -> bool:
-    """An fp8 cache read by 16-bit queries on a GPU with native e4m3 conversion: kernels/decode_fp8_tile.py's tiles."""
+    """An fp8 cache read by 16-bit queries on a GPU with native e4m3 conversion: V converted by PTX (attend_tile)."""
     return kv_scales is not None and q.dtype in (torch.float16, torch.bfloat16) and not upcast_dots(q.device) \
         and native_e4m3(q.device)
 

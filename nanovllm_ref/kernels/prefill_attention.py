@@ -134,11 +134,11 @@ if triton is not None:
         for n0 in range(0, full_end, BLOCK_N):
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, n0, kv_end, row_end, qk_scale,
-                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC)
+                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, False)
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, n0, kv_end, row_end, qk_scale,
-                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC)
+                stride_cb, stride_cs, stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, False)
 
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)

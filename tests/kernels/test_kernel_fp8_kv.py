@@ -114,7 +114,7 @@ def test_attention_reads_fp8_cache(case, dtype):
 @pytest.mark.parametrize("tile", ["FP8_DECODE_TILE", "FP8_DECODE_TILE_WIDE"])
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []))
 def test_decode_fp8_tiles(tile, dtype):
-    """Both fp8 decode tiles (on sm_89+ GPUs kernels/decode_fp8_tile.py's, V converted by PTX): contexts of whole
+    """Both fp8 decode tiles (on sm_89+ GPUs V converted by PTX, attend_tile's V_PTX): contexts of whole
     32- and 64-key tiles, partial last tiles and one shorter than a tile; head_dim 128 (unmasked full tiles) and 80."""
     from nanovllm_ref.kernels import decode_attention as da
 

@@ -83,6 +83,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
         F16_DOTS: tl.constexpr, V_PTX: tl.constexpr,  # V_PTX: an fp8 V converted by PTX (attend_tile)
+        SWAP: tl.constexpr = False,  # transposed products (attend_tile), BLOCK_G >= 8
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -121,11 +122,11 @@ if triton is not None:
         for n0 in range(start, full_end, BLOCK_N):
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale, stride_cb, stride_cs,
-                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, V_PTX)
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, V_PTX, SWAP)
         if full_end < end:  # the split's last, partial tile
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale, stride_cb, stride_cs,
-                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, V_PTX)
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, V_PTX, SWAP)
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
 
@@ -190,10 +191,10 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
 # shared-memory buffers, 8 three (the block-table load before them takes its share of the stages).
-FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
+FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6, "SWAP": True}
 # One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
 # they leave SMs short of warps, and two warps per program win
-FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8}
+FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 6, "SWAP": True}
 FP8_WIDE_PROGRAMS_PER_SM = 8
 
 
@@ -243,7 +244,7 @@ def decode_attention(
     units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
     cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None,
                                                                                units / sms)
-    block_n = cfg.pop("BLOCK_N")
+    block_n, block_g = cfg.pop("BLOCK_N"), max(8 if cfg.get("SWAP") else 16, triton.next_power_of_2(group))
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, sms)
@@ -263,7 +264,7 @@ def decode_attention(
         scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
         group, num_kv_heads, num_splits,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=block_g,
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
         FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), V_PTX=ptx_fp8_tiles(q, kv_scales), **cfg,

@@ -130,11 +130,7 @@ if triton is not None:
         else:
             k = tl.load(k_cache_ptr + kv_off)
             v = tl.load(v_cache_ptr + kv_off)
-        k = k.to(q.dtype)
-        if V_PTX:
-            v = e4m3x4_to_f16(v)
-        else:
-            v = v.to(q.dtype)
+        k, v = k.to(q.dtype), e4m3x4_to_f16(v) if V_PTX else v.to(q.dtype)
 
         # (the two products are written out rather than in a helper: nested jit calls are slow to interpret)
         if UPCAST:  # interpreter: see upcast_dots

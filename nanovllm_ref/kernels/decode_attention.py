@@ -102,21 +102,17 @@ if triton is not None:
         end = tl.minimum(start + chunk, seq_len)
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_g, offs_d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
         heads = kvh * group + offs_g  # (BLOCK_G,) query heads of this KV head
-        g_mask = offs_g < group
-        d_mask = offs_d < HEAD_DIM
+        g_mask, d_mask = offs_g < group, offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
         if F16_DOTS or V_PTX:
             q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
+        m_i, l_i = tl.full([BLOCK_G], float("-inf"), tl.float32), tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        k_base = k_cache_ptr + kvh * stride_ch
-        v_base = v_cache_ptr + kvh * stride_ch
+        k_base, v_base = k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         row_end = tl.full([BLOCK_G], 0, tl.int32) + end
         for n0 in range(start, full_end, BLOCK_N):

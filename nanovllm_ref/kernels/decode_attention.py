@@ -28,6 +28,8 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py). On sm_89+
   V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
   warp and 32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
+- A tile config may ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the
+  MMA's 16 rows and the GQA group its 8 columns (BLOCK_G 8, not 16), half the MMAs and accumulator registers.
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -186,11 +188,14 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # (_triton_common.e4m3x4_to_f16): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
-# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages).
-FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6, "SWAP": True}
+# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed
+# products ("SWAP": True), compiled for sm_90 off-GPU (perf.sass_report --swap, triton 3.9; not yet timed on a GPU):
+# (32, 1, 8) 178 registers and no stack instead of 255 and 80 bytes, 474 loop instructions per warp and tile instead
+# of 634 (32 MMAs, not 64); (64, 2, 6) 174 registers instead of 195, 474 instructions instead of 615.
+FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
 # One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
 # they leave SMs short of warps, and two warps per program win
-FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 6, "SWAP": True}
+FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8}
 FP8_WIDE_PROGRAMS_PER_SM = 8
 
 

@@ -189,9 +189,10 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
 # shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed
-# products ("SWAP": True), compiled for sm_90 off-GPU (perf.sass_report --swap, triton 3.9; not yet timed on a GPU):
-# (32, 1, 8) 178 registers and no stack instead of 255 and 80 bytes, 474 loop instructions per warp and tile instead
-# of 634 (32 MMAs, not 64); (64, 2, 6) 174 registers instead of 195, 474 instructions instead of 615.
+# products ("SWAP": True), compiled for sm_90 off-GPU by the GPU machine's triton 3.6 (perf.sass_report --swap; not
+# yet timed on a GPU): (32, 1, 8) 168 registers and no stack instead of 255 and 32 bytes, 542 loop instructions per
+# warp and tile instead of 714 (32 MMAs, not 64; 10 exponentials, not 18); (64, 2, 6) 182 registers instead of 238,
+# 535 instructions instead of 677. The bf16 cache's (64, 2, 4) tile gains nothing so: 739 instructions, not 633.
 FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
 # One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
 # they leave SMs short of warps, and two warps per program win

@@ -8,11 +8,13 @@ triton.testing.do_bench). Ends with the compiled variants' registers, spills and
 table: us per call, GB/s of the KV bytes.
 
     python -m perf.fp8_decode_sweep --steps 0 320 640 --variants 0:64/2/4 1:32/1/4 2:32/1/4
+    python -m perf.fp8_decode_sweep --variants --engine-tiles 32/1/4/s 64/2/6/s bf16:64/2/4/s --json rows.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -82,15 +84,25 @@ def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: li
         print(f"step {step:4d} b{n:3d} {name:24s} {us:8.1f} us {gbps:7.0f} GB/s maxerr {err:.2e}", flush=True)
 
     want = engine(f8)()
+    want_bf = engine(bf, fp8=False)()
     timed("engine bf16", engine(bf, fp8=False), 2)
     timed("engine fp8", engine(f8), 1, want)
-    for tile in engine_tiles:  # the engine's own kernel at other tiles (fp8 cache)
-        bn, w, st, *reg = tile.split("/")  # a fourth field rN: at most N registers per thread (maxnreg)
+    for tile in engine_tiles:  # the engine's own kernel at other tiles (fp8 cache; a "bf16:" prefix: bf16 cache)
+        fp8 = not tile.startswith("bf16:")
+        bn, w, st, *extra = tile.removeprefix("bf16:").split("/")
         cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
-        if reg:
-            cfg["maxnreg"] = int(reg[0].lstrip("r"))
-        timed(f"engine fp8 {tile}", lambda cfg=cfg: decode_attention(
-            q, *f8, tables, seq_lens, 128**-0.5, kv_scales=scales, order=order, tile_config=cfg, **kw), 1, want)
+        for field in extra:  # rN: at most N registers per thread (maxnreg); s: transposed products (SWAP)
+            if field == "s":
+                cfg["SWAP"] = True
+            else:
+                cfg["maxnreg"] = int(field.lstrip("r"))
+        name = f"engine {'fp8' if fp8 else 'bf16'} {tile.removeprefix('bf16:')}"
+        try:
+            timed(name, lambda cfg=cfg, fp8=fp8: decode_attention(
+                q, *(f8 if fp8 else bf), tables, seq_lens, 128**-0.5, kv_scales=scales if fp8 else None, order=order,
+                tile_config=cfg, **kw), 1 if fp8 else 2, want if fp8 else want_bf)
+        except Exception as e:  # a tile that does not compile (shared memory): say so, keep sweeping
+            print(f"step {step} {name}: {type(e).__name__}: {str(e)[:120]}")
     for spec in variants:
         cvt, tile = spec.split(":")
         bn, w, st = (int(x) for x in tile.rstrip("p").split("/"))
@@ -108,13 +120,18 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=VARIANTS,
                     help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
     ap.add_argument("--engine-tiles", nargs="*", default=[],
-                    help="BLOCK_N/warps/stages[/rN]: the engine's fp8 kernel at these tiles too (rN: maxnreg N)")
+                    help="[bf16:]BLOCK_N/warps/stages[/rN][/s]: the engine's kernel at these tiles too, fp8 cache"
+                         " unless bf16: (rN: maxnreg N; s: transposed products)")
+    ap.add_argument("--json", help="also write the rows (step, batch, name, us, GB/s, maxerr) to this file")
     args = ap.parse_args()
     print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")
     rows: list[tuple] = []
     for step in args.steps:
         sweep_step(step, args.variants, args.engine_tiles, rows)
     compiled_report()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
     print("\nstep batch variant us GB/s maxerr")
     for r in sorted(rows, key=lambda r: (r[0], r[3])):
         print(f"{r[0]} {r[1]} {r[2]!r} {r[3]:.1f} {r[4]:.0f} {r[5]:.1e}")

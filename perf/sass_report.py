@@ -17,7 +17,7 @@ import tempfile
 OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 
 
-def _signature(fp8: bool, block_n: int) -> tuple[dict, dict, dict]:
+def _signature(fp8: bool, block_n: int, swap: bool = False) -> tuple[dict, dict, dict]:
     """The engine's call of _decode_split_kernel on the headline shape (bf16 queries, 8 KV heads, head_dim 128,
     block size 16, one split, longest-first order), as the launcher specializes it (unit strides as constants)."""
     from nanovllm_ref.kernels.decode_attention import _decode_split_kernel as kernel
@@ -25,26 +25,28 @@ def _signature(fp8: bool, block_n: int) -> tuple[dict, dict, dict]:
     ptr, cache = "*bf16", "*fp8e4nv" if fp8 else "*bf16"
     types = [ptr, cache, cache, "*i32", "*i32", "*fp32", "*i32", ptr, "*fp32", "*fp32", "fp32"] + ["i32"] * 14
     unit = {"stride_qd", "stride_od", "stride_cd"}
-    consts = dict(BLOCK_SIZE=16, BLOCK_N=block_n, BLOCK_G=16, BLOCK_D=128, HEAD_DIM=128, DIRECT_OUT=True,
-                  UPCAST=False, PREC="tf32", HAS_ORDER=True, FP8=fp8, F16_DOTS=fp8, V_PTX=fp8,
+    consts = dict(BLOCK_SIZE=16, BLOCK_N=block_n, BLOCK_G=8 if swap else 16, BLOCK_D=128, HEAD_DIM=128, DIRECT_OUT=True,
+                  SWAP=swap, UPCAST=False, PREC="tf32", HAS_ORDER=True, FP8=fp8, F16_DOTS=fp8, V_PTX=fp8,
                   **{n: 1 for n in unit})
     names = kernel.arg_names
-    signature = {n: ("constexpr" if n in consts else t) for n, t in zip(names, types + ["constexpr"] * 12)}
+    signature = {n: ("constexpr" if n in consts else t) for n, t in zip(names, types + ["constexpr"] * 13)}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n not in consts and not n.startswith(("qk_scale", "group", "num_"))}
     return signature, consts, attrs
 
 
-def compile_decode(fp8: bool, block_n: int, warps: int, stages: int):
+def compile_decode(fp8: bool, block_n: int, warps: int, stages: int, maxnreg: int | None = None,
+                   swap: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from nanovllm_ref.kernels.decode_attention import _decode_split_kernel as kernel
 
-    signature, consts, attrs = _signature(fp8, block_n)
+    signature, consts, attrs = _signature(fp8, block_n, swap)
     src = ASTSource(kernel, signature, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    options = dict(num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def report(compiled) -> dict:
@@ -80,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-n", type=int, default=64)
     p.add_argument("--warps", type=int, default=2)
     p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--maxnreg", type=int, default=None, help="at most this many registers per thread")
+    p.add_argument("--swap", action="store_true", help="transposed products (attend_tile's SWAP)")
     a = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
-    for key, value in report(compile_decode(a.fp8, a.block_n, a.warps, a.stages)).items():
+    for key, value in report(compile_decode(a.fp8, a.block_n, a.warps, a.stages, a.maxnreg, a.swap)).items():
         print(f"{key}: {value}")
     return 0
 

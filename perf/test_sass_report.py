@@ -21,12 +21,12 @@ def _tools_present() -> bool:
 
 
 @pytest.mark.skipif(not _tools_present(), reason="triton with its NVIDIA backend tools (ptxas, nvdisasm) is needed")
-@pytest.mark.parametrize("fp8", [False, True])
-def test_reports_the_decode_kernels_loop(fp8: bool) -> None:
+@pytest.mark.parametrize("fp8, swap", [(False, False), (True, False), (True, True)])
+def test_reports_the_decode_kernels_loop(fp8: bool, swap: bool) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     args = [sys.executable, "-m", "perf.sass_report", "--block-n", "32", "--warps", "2", "--stages", "2"]
-    out = subprocess.run(args + (["--fp8"] if fp8 else []), cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    args += (["--fp8"] if fp8 else []) + (["--swap"] if swap else [])
+    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     fields = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert 0 < int(fields["registers"]) <= 255 and int(fields["loop_instructions"]) > 0

@@ -6,6 +6,11 @@ accumulator `acc`; for each tile of keys rescale the old state by `exp(m_old - m
 fused-attention tutorial, scores are scaled by `scale * log2(e)` so the exponentials are `exp2` (one MUFU op),
 and the probabilities are cast to the K/V dtype before the second matmul (the standard FA precision trade).
 
+SWAP (decode, a few query rows): the products are computed transposed, `S^T = K Q^T` and `O^T = V^T P^T`, so that
+the keys fill the MMA's 16-row side and the queries its 8-wide one (`mma.m16n8k16`): a 2-head GQA group pads to 8
+columns instead of 16 rows, which halves the MMAs, the accumulator's registers and the query's (the swap-AB trick
+of small-batch GEMMs, e.g. TensorRT-LLM's).
+
 K/V are read straight from the paged cache: key position `pos` of a sequence lives at block
 `block_table[pos // BLOCK_SIZE]`, row `pos % BLOCK_SIZE`. The gather is per key row, so a tile of BLOCK_N keys
 may span several cache blocks (block_size 16) or a fraction of one (block_size 256): the tile size is chosen
@@ -102,6 +107,7 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
         MASKED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
         V_PTX: tl.constexpr,  # an fp8 V converted to float16 by e4m3x4_to_f16 (q float16), else by .to(q.dtype)
+        SWAP: tl.constexpr = False,  # both products transposed: keys are the MMA's rows, q's the columns (decode)
     ):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         offs_d = tl.arange(0, BLOCK_D)
@@ -124,15 +130,13 @@ if triton is not None:
         else:
             k = tl.load(k_cache_ptr + kv_off)
             v = tl.load(v_cache_ptr + kv_off)
-        k = k.to(q.dtype)
-        if V_PTX:
-            v = e4m3x4_to_f16(v)
-        else:
-            v = v.to(q.dtype)
+        k, v = k.to(q.dtype), e4m3x4_to_f16(v) if V_PTX else v.to(q.dtype)
 
         # (the two products are written out rather than in a helper: nested jit calls are slow to interpret)
         if UPCAST:  # interpreter: see upcast_dots
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        elif SWAP:  # (K q^T)^T: a register relayout, no data moved (see the docstring)
+            s = tl.trans(tl.dot(k, tl.trans(q), input_precision=PREC))
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N) f32, log2 domain
@@ -156,6 +160,8 @@ if triton is not None:
         p = p.to(v.dtype)  # P in the K/V dtype for the second product, as FlashAttention does
         if UPCAST:
             pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        elif SWAP:
+            pv = tl.trans(tl.dot(tl.trans(v), tl.trans(p), input_precision=PREC))
         else:
             pv = tl.dot(p, v, input_precision=PREC)
         acc = acc * alpha[:, None] + pv

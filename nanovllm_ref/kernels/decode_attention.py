@@ -28,6 +28,8 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py). On sm_89+
   V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
   warp and 32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
+- A tile config may ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the
+  MMA's 16 rows and the GQA group its 8 columns (BLOCK_G 8, not 16), half the MMAs and accumulator registers.
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -83,6 +85,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr,  # DIRECT_OUT: num_splits == 1, no reduce
         UPCAST: tl.constexpr, PREC: tl.constexpr, HAS_ORDER: tl.constexpr, FP8: tl.constexpr,
         F16_DOTS: tl.constexpr, V_PTX: tl.constexpr,  # V_PTX: an fp8 V converted by PTX (attend_tile)
+        SWAP: tl.constexpr = False,  # transposed products (attend_tile), BLOCK_G >= 8
     ):
         # one flat grid, split fastest, then KV head, then sequence: the programs of one sequence run side by
         # side, so their reads of a token's KV heads (adjacent in the cache row) hit the same DRAM pages
@@ -101,31 +104,27 @@ if triton is not None:
         end = tl.minimum(start + chunk, seq_len)
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_g, offs_d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
         heads = kvh * group + offs_g  # (BLOCK_G,) query heads of this KV head
-        g_mask = offs_g < group
-        d_mask = offs_d < HEAD_DIM
+        g_mask, d_mask = offs_g < group, offs_d < HEAD_DIM
         q_off = seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
         if F16_DOTS or V_PTX:
             q = q.to(tl.float16)  # attend_tile converts K and V to q's dtype
 
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
+        m_i, l_i = tl.full([BLOCK_G], float("-inf"), tl.float32), tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        k_base = k_cache_ptr + kvh * stride_ch
-        v_base = v_cache_ptr + kvh * stride_ch
+        k_base, v_base = k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         row_end = tl.full([BLOCK_G], 0, tl.int32) + end
         for n0 in range(start, full_end, BLOCK_N):
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, n0, end, row_end, qk_scale, stride_cb, stride_cs,
-                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, V_PTX)
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, False, UPCAST, PREC, V_PTX, SWAP)
         if full_end < end:  # the split's last, partial tile
             acc, l_i, m_i = attend_tile(
                 acc, l_i, m_i, q, k_base, v_base, bt_row, full_end, end, row_end, qk_scale, stride_cb, stride_cs,
-                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, V_PTX)
+                stride_cd, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, UPCAST, PREC, V_PTX, SWAP)
         if FP8:
             acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
 
@@ -189,7 +188,11 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # (_triton_common.e4m3x4_to_f16): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
-# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages).
+# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed
+# products ("SWAP": True), compiled for sm_90 off-GPU by the GPU machine's triton 3.6 (perf.sass_report --swap; not
+# yet timed on a GPU): (32, 1, 8) 168 registers and no stack instead of 255 and 32 bytes, 542 loop instructions per
+# warp and tile instead of 714 (32 MMAs, not 64; 10 exponentials, not 18); (64, 2, 6) 182 registers instead of 238,
+# 535 instructions instead of 677. The bf16 cache's (64, 2, 4) tile gains nothing so: 739 instructions, not 633.
 FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
 # One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
 # they leave SMs short of warps, and two warps per program win
@@ -243,7 +246,7 @@ def decode_attention(
     units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
     cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None,
                                                                                units / sms)
-    block_n = cfg.pop("BLOCK_N")
+    block_n, block_g = cfg.pop("BLOCK_N"), max(8 if cfg.get("SWAP") else 16, triton.next_power_of_2(group))
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_context, block_n, sms)
@@ -263,7 +266,7 @@ def decode_attention(
         scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
         group, num_kv_heads, num_splits,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=block_g,
         BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
         FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), V_PTX=ptx_fp8_tiles(q, kv_scales), **cfg,

@@ -129,6 +129,25 @@ def test_decode_fp8_tiles(tile, dtype):
         assert relative_error(out, ref) < RELATIVE_TOLERANCE[dtype] * 2, (tile, seed)
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+def test_decode_swapped_products(fp8, monkeypatch):
+    """attend_tile's SWAP (keys as the MMA's rows): float16 products, so that the interpreter runs them too (off-GPU
+    the kernels otherwise upcast to float32, which skips the swapped dots); one split and three, groups of 2 and 4,
+    head_dim 128 and 80 (masked columns), contexts of whole, partial and sub-tile lengths."""
+    from nanovllm_ref.kernels import decode_attention as da
+
+    monkeypatch.setattr(da, "upcast_dots", lambda device: False)
+    for seed, (kv_heads, group, head_dim) in enumerate([(2, 2, 128), (1, 4, 80)]):
+        b = make_paged_batch([128, 17, 96, 201], [1, 1, 1, 1], num_kv_heads=kv_heads, group=group,
+                             head_dim=head_dim, block_size=16, dtype=torch.float16, device=DEVICE, seed=seed)
+        k, v, scales = fp8_caches(b, seed) if fp8 else (b.k_cache, b.v_cache, None)
+        ref = decode_attention_reference(b.q, k, v, b.block_tables, b.seq_lens, b.scale, scales)
+        for splits in (1, 3):
+            out = decode_attention(b.q, k, v, b.block_tables, b.seq_lens, b.scale, kv_scales=scales, num_splits=splits,
+                                   tile_config={"BLOCK_N": 32, "num_warps": 1, "num_stages": 2, "SWAP": True})
+            assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float16] * 2, (seed, splits)
+
+
 def test_decode_fp8_tile_choice():
     """One-warp fp8 tiles once the batch gives every SM 8 programs; the bf16 cache's tile does not depend on it."""
     from nanovllm_ref.kernels import decode_attention as da

@@ -82,24 +82,19 @@ class SparseMoeBlock(nn.Module):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts."""
+    """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts (a config that has
+    them is refused: ModelConfig.from_hf)."""
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict) -> nn.Module:
         sparse = (layer_idx not in cfg.mlp_only_layers and cfg.num_experts > 0
                   and (layer_idx + 1) % cfg.decoder_sparse_step == 0)
         return SparseMoeBlock(cfg) if sparse else super().make_mlp(cfg, layer_idx, flags)
 
-    def check_config(self, cfg: ModelConfig) -> None:
-        super().check_config(cfg)
-        for name, value in cfg.shared_experts:
-            raise ValueError(f"config field {name}={value!r}: shared experts are not supported by "
-                             "Qwen3MoeForCausalLM (transformers' Qwen3-MoE has none)")
-
-    def checkpoint_target(self, name: str) -> tuple[str, object] | None:
+    def checkpoint_target(self, name: str) -> tuple[str, object]:
         """`...experts.{e}.gate_proj|up_proj|down_proj.weight` -> the stacked parameter and (expert, part)."""
         m = EXPERT_TENSOR.match(name)
         if m is None:
-            return None
+            return super().checkpoint_target(name)
         prefix, expert, proj = m.group(1), int(m.group(2)), m.group(3)
         if proj == "down_proj":
             return f"{prefix}.down_proj", expert

@@ -16,14 +16,14 @@ from ..distributed import all_reduce, divide, tp_rank, tp_size
 from ..kernels.matmul import batch_invariant_linear
 
 
-def check_shape(param: nn.Parameter, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+def check_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
     if tuple(loaded.shape) != tuple(expected):
         raise ValueError(f"shape mismatch: checkpoint has {tuple(loaded.shape)}, model expects {tuple(expected)}")
 
 
 def load_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
     """The weight loader of a parameter every rank holds whole (and of a parameter without one)."""
-    check_shape(param, loaded, param.shape)
+    check_shape(loaded, param.shape)
     param.data.copy_(loaded)
 
 
@@ -70,7 +70,7 @@ class ColumnParallelLinear(LinearBase):
         if shard_id not in self.slices:  # a checkpoint tensor that packs the parts already
             raise ValueError(f"the model loads this parameter from one tensor per part {list(self.slices)}")
         offset, rows, start, full = self.slices[shard_id]
-        check_shape(param, loaded, (full, *param.shape[1:]))
+        check_shape(loaded, (full, *param.shape[1:]))
         param.data.narrow(0, offset, rows).copy_(loaded.narrow(0, start, rows))
 
 
@@ -97,7 +97,7 @@ class RowParallelLinear(LinearBase):
         if param.dim() == 1:  # the bias is added once, after the reduction: every rank holds all of it
             return load_whole(param, loaded)
         cols = param.shape[1]
-        check_shape(param, loaded, (param.shape[0], cols * tp_size()))
+        check_shape(loaded, (param.shape[0], cols * tp_size()))
         param.data.copy_(loaded.narrow(1, tp_rank() * cols, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

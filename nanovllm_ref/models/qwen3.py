@@ -138,7 +138,8 @@ class Qwen3ForCausalLM(nn.Module):
                   for i in range(cfg.num_hidden_layers)]
         # transformers' module tree, so that the parameters have the checkpoint's names (model.layers.0. ...)
         self.model = nn.ModuleDict(dict(embed_tokens=VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size),
-                                        layers=nn.ModuleList(layers), norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
+                                        layers=nn.ModuleList(layers),
+                                        norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
         self.tie_word_embeddings = cfg.tie_word_embeddings
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if self.tie_word_embeddings:

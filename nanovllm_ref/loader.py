@@ -76,7 +76,7 @@ def load_weights(model: nn.Module, path: str) -> None:
             raise ValueError(f"cannot read {os.path.basename(file)!r} in {path!r}: {e}") from e
     missing = []
     for name, param in params.items():
-        if (name, None) not in loaded:
+        if (name, None) not in loaded:  # (a tensor for part None fills every part)
             parts = sorted(getattr(param, "shard_ids", [None]), key=str)
             missing += [name if s is None else f"{name}[{s}]" for s in parts if (name, s) not in loaded]
     if missing:

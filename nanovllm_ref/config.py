@@ -93,7 +93,8 @@ class Config:
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture the models are built from: transformers' field names, read once from the HF config (both
-    RoPE dialects: `rope_parameters`, or `rope_theta` + `rope_scaling`; layers/rotary.py), with its defaults."""
+    RoPE dialects: `rope_parameters`, or `rope_theta` + `rope_scaling`; layers/rotary.py), with its defaults.
+    Fields that no model here implements (another activation, shared experts, a RoPE type) are refused there."""
 
     architectures: tuple[str, ...]
     vocab_size: int
@@ -120,7 +121,6 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    shared_experts: tuple[tuple[str, Any], ...] = ()  # fields of shared experts (unsupported: models refuse them)
 
     @classmethod
     def from_hf(cls, hf: Any) -> ModelConfig:
@@ -128,7 +128,12 @@ class ModelConfig:
 
         given = {f.name: v for f in dataclasses.fields(cls) if (v := getattr(hf, f.name, None)) is not None}
         heads, eos = hf.num_attention_heads, given.get("eos_token_id")
-        shared = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
+        if given.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {given['hidden_act']!r} is not supported (only 'silu')")
+        for name in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"):
+            if getattr(hf, name, None):
+                raise ValueError(f"config field {name}={getattr(hf, name)!r}: shared experts are not supported "
+                                 "(transformers' Qwen3-MoE has none)")
         return cls(**{
             **given, "architectures": tuple(given.get("architectures", ())),
             "num_key_value_heads": given.get("num_key_value_heads", heads),
@@ -139,7 +144,6 @@ class ModelConfig:
             "dtype": given.get("dtype") or vars(hf).get("torch_dtype"),
             "eos_token_id": tuple(eos) if isinstance(eos, list) else eos,
             "mlp_only_layers": tuple(given.get("mlp_only_layers", ())),
-            "shared_experts": tuple((n, getattr(hf, n)) for n in shared if getattr(hf, n, None)),
         })
 
 

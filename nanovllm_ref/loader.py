@@ -1,10 +1,10 @@
 """Read a Hugging Face checkpoint folder: its config and tokenizer (transformers' AutoConfig / AutoTokenizer) and
 its safetensors weights into a model (safetensors only: never pickle).
 
-Checkpoint names are mapped onto the model's packed parameters through `packed_modules_mapping`
-(q/k/v -> qkv_proj, gate/up -> gate_up_proj), or first through the model's `checkpoint_target(name)` when it
-has one (per-expert MoE tensors -> stacked expert parameters); each parameter's `weight_loader` does the TP
-slicing and the shape check, and a parameter filled from several tensors lists them in `param.shard_ids`.
+The model's `checkpoint_target(name)` maps each checkpoint tensor onto a parameter and the part of it the tensor
+fills (q/k/v -> qkv_proj, gate/up -> gate_up_proj, per-expert MoE tensors -> stacked expert parameters); each
+parameter's `weight_loader` does the TP slicing and the shape check, and a parameter filled from several tensors
+lists their parts in `param.shard_ids` (a tensor for part None fills all of it).
 Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them.
 """
 
@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .layers.linear import check_shape
+from .layers.linear import load_whole
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")  # KV scales: kernels/kv_quant.py
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -44,21 +44,10 @@ def load_tokenizer(path: str) -> Any | None:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
-def _target(name: str, mapping: dict[str, tuple[str, object]], model: nn.Module) -> tuple[str, object]:
-    hit = model.checkpoint_target(name) if hasattr(model, "checkpoint_target") else None
-    if hit is not None:
-        return hit
-    for src, (dst, shard_id) in mapping.items():
-        if f".{src}." in name:
-            return name.replace(f".{src}.", f".{dst}."), shard_id
-    return name, None
-
-
 def load_weights(model: nn.Module, path: str) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    mapping = getattr(model, "packed_modules_mapping", {})
+    params = dict(model.named_parameters())  # a tied lm_head.weight is embed_tokens.weight: listed once
     tied = getattr(model, "tie_word_embeddings", False)
-    loaded: set[str] = set()
+    loaded: set[tuple[str, object]] = set()  # (parameter, part)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors file in {path!r} (only safetensors checkpoints are loaded)")
@@ -68,7 +57,7 @@ def load_weights(model: nn.Module, path: str) -> None:
                 for name in f.keys():
                     if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                         continue
-                    target, shard_id = _target(name, mapping, model)
+                    target, shard_id = model.checkpoint_target(name)
                     param = params.get(target)
                     if param is None:
                         raise ValueError(f"checkpoint tensor {name!r} has no counterpart in the model")
@@ -77,36 +66,19 @@ def load_weights(model: nn.Module, path: str) -> None:
                         raise ValueError(f"checkpoint tensor {name!r} has dtype {tensor.dtype}, which is not "
                                          f"supported (loadable: float32, float16, bfloat16; no quantized weights)")
                     try:
-                        getattr(param, "weight_loader", _copy_checked)(param, tensor, shard_id)
+                        getattr(param, "weight_loader", load_whole)(param, tensor, shard_id)
                     except ValueError as e:
                         raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
-                    loaded.add(target if shard_id is None else f"{target}#{shard_id}")
+                    loaded.add((target, shard_id))
         except ValueError:
             raise
         except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
             raise ValueError(f"cannot read {os.path.basename(file)!r} in {path!r}: {e}") from e
-    _check_complete(model, params, mapping, loaded, tied)
-
-
-def _copy_checked(param: nn.Parameter, tensor: torch.Tensor, shard_id: object = None) -> None:
-    check_shape(param, tensor, param.shape)
-    param.data.copy_(tensor)
-
-
-def _check_complete(model: nn.Module, params: dict, mapping: dict, loaded: set[str], tied: bool) -> None:
-    shards_of: dict[str, set] = {}
-    for dst, shard_id in mapping.values():
-        shards_of.setdefault(dst, set()).add(shard_id)
     missing = []
     for name, param in params.items():
-        if (tied and name == "lm_head.weight") or name in loaded:
-            continue
-        packed = next((d for d in shards_of if name.endswith(f".{d}.weight") or name.endswith(f".{d}.bias")), None)
-        shards = getattr(param, "shard_ids", None) or (shards_of[packed] if packed else None)
-        if shards is None:
-            missing.append(name)
-        else:
-            missing += [f"{name}[{s}]" for s in sorted(shards, key=str) if f"{name}#{s}" not in loaded]
+        if (name, None) not in loaded:  # (a tensor for part None fills every part)
+            parts = sorted(getattr(param, "shard_ids", [None]), key=str)
+            missing += [name if s is None else f"{name}[{s}]" for s in parts if (name, s) not in loaded]
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint is missing tensors for: {missing[:5]}{more}")

@@ -250,8 +250,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("kernel-nan-row-unflagged", "nanovllm_ref/kernels/sampling.py",
       "finite &= (x == x)", "finite |= (x == x)", "the Triton sampler does not flag a row of NaN/inf logits",
       (f"{SAMPLING}::test_gumbel_kernel_matches_reference",), kernels("gumbel")),
-    M("loader-kv-swap", "nanovllm_ref/layers/linear.py", 'offset = q_size if shard_id == "k" else q_size + kv_size',
-      'offset = q_size + kv_size if shard_id == "k" else q_size', "loader swaps the k and v shards of qkv_proj",
+    M("loader-kv-swap", "nanovllm_ref/layers/linear.py", '"k": kv, "v": kv}', '"v": kv, "k": kv}',
+      "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),
     # the Triton kernels that had no mutant: each reached by its kernel conformance case (CPU: the interpreter)
     M("silu-kernel-sign", "nanovllm_ref/kernels/activation.py", "act = (gate / (1.0 + tl.exp(-gate)))",

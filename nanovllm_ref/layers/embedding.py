@@ -25,7 +25,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        check_shape(param, loaded, (self.vocab_size, *param.shape[1:]))
+        check_shape(loaded, (self.vocab_size, *param.shape[1:]))
         part = loaded[self.start : self.start + self.shard]
         param.data.zero_()
         param.data[: part.shape[0]].copy_(part)

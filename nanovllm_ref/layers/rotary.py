@@ -11,7 +11,6 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..kernels.rotary import rope_cos_sin_cache
 
@@ -33,7 +32,9 @@ def rope_parameters(hf_config: Any) -> dict:
     return params
 
 
-def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
+def rope_cos_sin_table(head_dim: int, max_positions: int, params: dict) -> torch.Tensor:
+    """(max_positions, head_dim) float32: [cos | sin] of each position's angles (kernels/rotary.py), with the
+    frequencies of the checkpoint's RoPE type."""
     base = float(params["rope_theta"])
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     kind = params["rope_type"]
@@ -49,11 +50,5 @@ def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
-    return inv_freq
+    return rope_cos_sin_cache(inv_freq, max_positions)
 
-
-class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_positions: int, params: dict) -> None:
-        super().__init__()
-        inv_freq = inverse_frequencies(head_dim, params)
-        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(inv_freq, max_positions), persistent=False)

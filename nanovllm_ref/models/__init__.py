@@ -8,13 +8,9 @@ from ..config import ModelConfig
 from .qwen3 import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-}
+# each class is named as transformers' class of the architecture it implements
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (
+    Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, MistralForCausalLM)}
 
 
 def get_model_class(cfg: ModelConfig) -> type[nn.Module]:

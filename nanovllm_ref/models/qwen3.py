@@ -17,9 +17,9 @@ from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import rotary_tables, rotate
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from ..layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.linear import ColumnParallelLinear, LinearBase, QKVParallelLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import rope_cos_sin_table
 
 # bytes of q/k rows the CPU path norms and rotates at once: its temporaries stay in a core's L2 cache (a prompt
 # step's 5,141 x 10 x 32 float32 rows: 7-10 ms a layer in blocks of 256 KB against 14-17 ms in one pass)
@@ -28,7 +28,7 @@ CPU_BLOCK_BYTES = 256 * 1024
 
 class DecoderAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict,
-                 rotary: RotaryEmbedding) -> None:
+                 cos_sin_cache: torch.Tensor) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -40,7 +40,8 @@ class DecoderAttention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if flags["qk_norm"] else None
-        self.rotary = rotary  # one table for all layers
+        self.cos_sin_cache = cos_sin_cache  # one RoPE table for all layers
+        self.qk_norm_weight: torch.Tensor | None = None  # (heads + kv_heads, head_dim): q's and k's, for _cpu_qk
         scale = self.head_dim**-0.5
         self.attn = Attention(backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, scale))
 
@@ -48,7 +49,7 @@ class DecoderAttention(nn.Module):
         n, d = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # (num_tokens, (heads + 2 * kv_heads) * head_dim)
         if self.attn.fuses_epilogue(qkv):  # q/k norm, RoPE and the KV store in one kernel
-            out = self.attn.forward_packed(qkv, positions, self.rotary.cos_sin_cache, self.q_norm, self.k_norm)
+            out = self.attn.forward_packed(qkv, positions, self.cos_sin_cache, self.q_norm, self.k_norm)
         else:  # the references once over queries and keys side by side: half the small ops of a CPU step
             heads, qk_heads = qkv.view(n, -1, d), self.num_heads + self.num_kv_heads  # (num_tokens, all heads, d)
             (q, k), v = self._cpu_qk(positions, heads[:, :qk_heads]), heads[:, qk_heads:]
@@ -60,8 +61,12 @@ class DecoderAttention(nn.Module):
         derived = get_forward_context().derived  # the step's RoPE factors, made by its first layer for all
         cos, sin = derived.get("rope") or (None, None)
         if cos is None:
-            cos, sin = derived["rope"] = rotary_tables(positions, self.rotary.cos_sin_cache, qk.dtype)
-        weight = self._qk_norm_weight() if self.q_norm is not None else None
+            cos, sin = derived["rope"] = rotary_tables(positions, self.cos_sin_cache, qk.dtype)
+        weight = self.qk_norm_weight
+        if self.q_norm is not None and weight is None:  # made once, after the weights are loaded
+            d = self.head_dim
+            weight = self.qk_norm_weight = torch.cat([self.q_norm.weight.expand(self.num_heads, d),
+                                                      self.k_norm.weight.expand(self.num_kv_heads, d)])
         # ~8 full passes over the rows, memory bound: a prompt step runs them a cache-sized block of tokens at a time
         rows = max(1, CPU_BLOCK_BYTES // (qk.shape[1] * qk.shape[2] * qk.element_size()))
         if qk.shape[0] <= rows:  # one block (a decode step): no slices
@@ -76,21 +81,13 @@ class DecoderAttention(nn.Module):
         q, k = out.split([self.num_heads, self.num_kv_heads], dim=1)
         return q, k
 
-    def _qk_norm_weight(self) -> torch.Tensor:  # (heads + kv_heads, head_dim): the q and k norm weights side by side
-        q_w, k_w = self.q_norm.weight, self.k_norm.weight
-        stamp = (q_w._version, k_w._version, q_w.data_ptr(), k_w.data_ptr())  # a (re)load writes them in place
-        if getattr(self, "_qk_weight_stamp", None) != stamp:
-            d = self.head_dim
-            self._qk_weight = torch.cat([q_w.expand(self.num_heads, d), k_w.expand(self.num_kv_heads, d)])
-            self._qk_weight_stamp = stamp
-        return self._qk_weight
-
 
 class DecoderMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, bias: bool) -> None:
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias)
+        # gate_proj (shard 0) and up_proj (shard 1) in one matrix
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, {0: (inter, 1), 1: (inter, 1)}, bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,10 +96,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict, rotary: RotaryEmbedding,
-                 mlp: nn.Module) -> None:
+    def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend], flags: dict,
+                 cos_sin_cache: torch.Tensor, mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, backend_cls, flags, rotary)
+        self.self_attn = DecoderAttention(cfg, backend_cls, flags, cos_sin_cache)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -119,23 +116,9 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, layers: list[DecoderLayer]) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None  # (num_tokens, hidden)
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
-
-
 class Qwen3ForCausalLM(nn.Module):
-    """transformers' `Qwen3ForCausalLM`: q/k RMSNorm, no qkv bias."""
+    """transformers' `Qwen3ForCausalLM`: q/k RMSNorm, no qkv bias. (Every architecture's config.json fields that
+    no model here implements are refused when it is read: ModelConfig.from_hf.)"""
 
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -148,13 +131,15 @@ class Qwen3ForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, backend_cls: type[AttentionBackend]) -> None:
         super().__init__()
-        self.check_config(cfg)
         flags = self.arch_flags(cfg)
         # one RoPE table shared by the layers (Qwen3-0.6B: 40,960 positions x 128 float32 = 21 MB, not 28 x that)
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, dict(cfg.rope_parameters))
-        layers = [DecoderLayer(cfg, backend_cls, flags, rotary, self.make_mlp(cfg, i, flags))
+        rope = rope_cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, dict(cfg.rope_parameters))
+        layers = [DecoderLayer(cfg, backend_cls, flags, rope, self.make_mlp(cfg, i, flags))
                   for i in range(cfg.num_hidden_layers)]
-        self.model = DecoderModel(cfg, layers)
+        # transformers' module tree, so that the parameters have the checkpoint's names (model.layers.0. ...)
+        self.model = nn.ModuleDict(dict(embed_tokens=VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size),
+                                        layers=nn.ModuleList(layers),
+                                        norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
         self.tie_word_embeddings = cfg.tie_word_embeddings
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if self.tie_word_embeddings:
@@ -164,9 +149,12 @@ class Qwen3ForCausalLM(nn.Module):
         """The MLP of layer `layer_idx` (dense SwiGLU here; per-layer choices in subclasses, e.g. MoE)."""
         return DecoderMLP(cfg, flags["mlp_bias"])
 
-    def check_config(self, cfg: ModelConfig) -> None:  # (head counts vs tensor_parallel_size: the linears check)
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+    def checkpoint_target(self, name: str) -> tuple[str, object]:
+        """The parameter a checkpoint tensor loads into, and which of its parts (None: all of it)."""
+        for src, (dst, shard_id) in self.packed_modules_mapping.items():
+            if f".{src}." in name:
+                return name.replace(f".{src}.", f".{dst}."), shard_id
+        return name, None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if not input_ids.is_cuda and not getattr(self, "_cpu_layout", False):  # once, after the weights are loaded
@@ -177,7 +165,11 @@ class Qwen3ForCausalLM(nn.Module):
                     # same order (bit for bit here) but 15-25% faster on a decode step's few rows; a reload
                     # copies into this layout
                     m.weight.data = m.weight.data.t().contiguous().t()
-        return self.model(input_ids, positions)
+        x, residual = self.model.embed_tokens(input_ids), None  # (num_tokens, hidden)
+        for layer in self.model.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.model.norm(x, residual)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return self.lm_head(hidden)

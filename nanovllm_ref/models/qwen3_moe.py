@@ -43,20 +43,19 @@ class FusedExperts(nn.Module):
 
     def load_gate_up(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int] | None) -> None:
         """shard_id (expert, 0 gate | 1 up) for a per-expert (I, H) tensor; None for the fused (E, 2 * I, H)."""
-        i, full, r = self.inter, self.full_inter, tp_rank()
-        if shard_id is None:
-            check_shape(param, loaded, (param.shape[0], 2 * full, param.shape[2]))
-            dst, parts = param.data, ((0, 0), (1, 1))  # (slot in this rank's rows, slot in the tensor's rows)
+        i, full = self.inter, self.full_inter
+        if shard_id is None:  # each expert's gate rows, then its up rows: (E, gate | up, rows, H)
+            check_shape(loaded, (param.shape[0], 2 * full, param.shape[2]))
+            dst, loaded = param.data.unflatten(1, (2, i)), loaded.unflatten(1, (2, full))
         else:
-            check_shape(param, loaded, (full, param.shape[2]))
-            dst, parts = param.data[shard_id[0]], ((shard_id[1], 0),)
-        for d, s in parts:
-            dst.narrow(-2, d * i, i).copy_(loaded.narrow(-2, s * full + r * i, i))
+            check_shape(loaded, (full, param.shape[2]))
+            dst = param.data[shard_id[0]].unflatten(0, (2, i))[shard_id[1]]
+        dst.copy_(loaded.narrow(-2, tp_rank() * i, i))
 
     def load_down(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None) -> None:
         """shard_id = expert for a per-expert (H, I) tensor; None for the fused (E, H, I)."""
         dst = param.data if shard_id is None else param.data[shard_id]
-        check_shape(param, loaded, (*dst.shape[:-1], self.full_inter))
+        check_shape(loaded, (*dst.shape[:-1], self.full_inter))
         dst.copy_(loaded.narrow(-1, tp_rank() * self.inter, self.inter))
 
 
@@ -82,24 +81,19 @@ class SparseMoeBlock(nn.Module):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts."""
+    """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts (a config that has
+    them is refused: ModelConfig.from_hf)."""
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict) -> nn.Module:
         sparse = (layer_idx not in cfg.mlp_only_layers and cfg.num_experts > 0
                   and (layer_idx + 1) % cfg.decoder_sparse_step == 0)
         return SparseMoeBlock(cfg) if sparse else super().make_mlp(cfg, layer_idx, flags)
 
-    def check_config(self, cfg: ModelConfig) -> None:
-        super().check_config(cfg)
-        for name, value in cfg.shared_experts:
-            raise ValueError(f"config field {name}={value!r}: shared experts are not supported by "
-                             "Qwen3MoeForCausalLM (transformers' Qwen3-MoE has none)")
-
-    def checkpoint_target(self, name: str) -> tuple[str, object] | None:
+    def checkpoint_target(self, name: str) -> tuple[str, object]:
         """`...experts.{e}.gate_proj|up_proj|down_proj.weight` -> the stacked parameter and (expert, part)."""
         m = EXPERT_TENSOR.match(name)
         if m is None:
-            return None
+            return super().checkpoint_target(name)
         prefix, expert, proj = m.group(1), int(m.group(2)), m.group(3)
         if proj == "down_proj":
             return f"{prefix}.down_proj", expert

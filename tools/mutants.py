@@ -101,10 +101,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "reference attention: query positions off by one (a token sees the next one)", (SDPA_ORACLE,),
       kernels("prefill_attention")),  # the engine's CPU default is sdpa: the reference is the kernels' oracle
     M("sdpa-causal", "nanovllm_ref/attention/sdpa_backend.py",
-      "(key_pos[None, None, :] <= query_pos[:, :, None])", "(key_pos[None, None, :] <= query_pos[:, :, None] + 1)",
+      ".tril(n - (b - a))", ".tril(n - (b - a) + 1)",
       "sdpa backend (the CPU default): a query after a cached prefix sees the next token", (SDPA_ORACLE,)),
-    M("sdpa-fresh-not-causal", "nanovllm_ref/attention/sdpa_backend.py", "k, v, is_causal=True,",
-      "k, v, is_causal=False,", "sdpa backend: a batch of fresh prompts attends without the causal mask",
+    M("sdpa-fresh-not-causal", "nanovllm_ref/attention/sdpa_backend.py", "is_causal=mask is None,",
+      "is_causal=False,", "sdpa backend: a batch of fresh prompts attends without the causal mask",
       (GOLDEN,)),
     M("sdpa-gqa-tiled", "nanovllm_ref/attention/sdpa_backend.py",
       "queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)",

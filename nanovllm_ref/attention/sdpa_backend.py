@@ -1,24 +1,23 @@
-"""The `sdpa` backend, the CPU default: batched float32 attention over keys gathered from the paged cache.
+"""The `sdpa` backend, the CPU default: float32 attention over keys gathered from the paged cache.
 
 The torch reference loops over sequences in Python (a gather, two einsums and a softmax per sequence and
 layer); here every sequence's keys are gathered from the paged cache at once by slot index (one index_select,
-`Plan.context_rows`) into a padded `(num_seqs, kv_heads, max_context, head_dim)` tensor, and the queries are
-padded to `(num_seqs, max_query_len)`, so a step costs the same few torch calls whatever its batch size (vLLM's
-CPU backend and transformers' `sdpa` paged attention also batch this way). Query token i of a sequence sits at
-position `seq_len - q_len + i`, so one mask `key_pos <= query_pos` covers cached prefixes, chunks and mixed
-steps in one SDPA call.
+`Plan.context_rows`) into a padded `(num_seqs, kv_heads, max_context, head_dim)` tensor. Keys past a sequence's
+context are read from its position 0 instead of whatever the cache holds there (a freed block may hold another
+request's NaN): masked scores are zero weights, and zero times NaN would still poison the sum.
 
-Keys past a sequence's context are read from its position 0 instead of whatever the cache holds there (a
-freed block may hold another request's NaN): masked scores are zero weights, and zero times NaN would still
-poison the sum. CPU savings: a decode step puts a KV head's whole query group in one row block (no
-K/V repeat) and attends with two batched matmuls and a softmax (SDPA's flash kernel cost more on one-token
-queries); a decode step that continues the previous one (same sequences, one token more each) appends that token
-to the layer's keys gathered at the previous step instead of gathering the whole context again
-(`DecodeContext`); a batch of fresh prompts attends prompt by prompt over the keys it just stored, on views of
-the rows store_kv kept (read back from the cache when `forward` runs alone), through SDPA's causal
-kernel (which skips the key tiles above the diagonal; no padding). The first layer of a step plans for all
-(`Plan`). Numerically this is the reference up to float rounding (tests/attention/test_sdpa_backend.py checks
-it against `prefill_attention_reference` on random paged batches and steps).
+A decode step (every query one token) attends in one batch: a KV head's whole query group in one row block (no
+K/V repeat), two batched matmuls and a softmax (SDPA's flash kernel cost more on one-token queries), one additive
+mask made by the first layer for all (`Plan`). A decode step that continues the previous one (same sequences, one
+token more each) appends that token to the layer's keys gathered at the previous step instead of gathering the
+whole context again (`DecodeContext`). Any other step attends sequence by sequence through SDPA, on views of the
+keys (no padding): query token i of a sequence sits at position `seq_len - q_len + i`, so its causal mask is
+aligned to the context's end; a batch of fresh prompts reads the rows store_kv kept (from the cache when `forward`
+runs alone) through SDPA's causal kernel, which skips the key tiles above the diagonal. Per sequence rather than
+padded to the longest query and context: a 256-token chunk beside 31 decodes, 37 vs 322 ms a layer (one CPU
+thread, 16 heads of 64 over 4 KV heads); a fresh or cached batch of prompts alike. Numerically this is the
+reference up to float rounding (tests/attention/test_sdpa_backend.py checks it against
+`prefill_attention_reference` on random paged batches and steps).
 An fp8 cache (kv_scales set): the step's K/V are quantized once in store_kv, and every read (this step's rows
 included) sees the stored values dequantized in float32 (kernels/kv_quant.py), as the reference does. The cache
 is gathered and written through uint8 views (torch's CPU index kernels have no fp8 variants), the rows viewed as
@@ -44,19 +43,18 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class Plan:
-    """What every layer of one step shares: where the keys are, where each query goes, which mask."""
+    """What every layer of one step shares: where the keys are and which of them each query sees."""
 
     tables: torch.Tensor  # (num_seqs, max_blocks) the block tables
     seq_lens: torch.Tensor  # (num_seqs,) context lengths after this step
     block_size: int
-    # bool, broadcast to (num_seqs, heads, queries, max_context); decode: additive float (seqs * kv_heads, 1, ctx);
-    # None: fresh prompts (causal)
-    mask: torch.Tensor | None
-    seq_of_token: torch.Tensor | None = None  # (num_tokens,): a query's sequence (queries after cached keys)...
-    row: torch.Tensor | None = None  # ...and its row in the padded queries
+    mask: torch.Tensor | None = None  # decode: additive float (seqs * kv_heads, 1, ctx)
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
     last: torch.Tensor | None = None  # decode: (num_seqs,) int64 position of each row's new token
-    spans: list[tuple[int, int]] | None = None  # fresh prompts only: each one's (first, end) token row
+    # any other step: each sequence's (first, end) token row and context length, and its (q_len, seq_len) causal
+    # mask, None where the queries are the whole context (SDPA's own causal kernel then)
+    spans: list[tuple[int, int, int]] | None = None
+    masks: list[torch.Tensor | None] | None = None
     _appends: dict = field(default_factory=dict)  # by capacity: where the context's rows come from and go
 
     @property
@@ -92,9 +90,8 @@ class Plan:
 def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_heads: int,
               prev: Plan | None = None) -> Plan:
     num_seqs, device = meta.seq_lens.shape[0], meta.seq_lens.device
-    width = meta.block_tables.shape[1] * block_size
-    key_pos = torch.arange(width, device=device)
     if num_tokens == num_seqs and meta.decode_only:
+        key_pos = torch.arange(meta.block_tables.shape[1] * block_size, device=device)
         # an additive mask, made once here for every layer, one row per (sequence, KV head) as the scores have them
         mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
         mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
@@ -102,16 +99,11 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=(meta.seq_lens - 1).long())
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
-    plan = Plan(meta.block_tables, meta.seq_lens, block_size, None)
-    q_lens = meta.query_start_loc.diff()  # (num_seqs,)
-    if torch.equal(q_lens, meta.seq_lens):  # fresh prompts only: each is causal over the keys it just stored
-        starts = meta.query_start_loc.tolist()
-        plan.spans = list(zip(starts[:-1], starts[1:]))
-        return plan
-    plan.seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=num_tokens)
-    plan.row = torch.arange(num_tokens, device=device) - meta.query_start_loc[plan.seq_of_token]
-    query_pos = (meta.seq_lens - q_lens)[:, None] + torch.arange(meta.max_query_len, device=device)
-    plan.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (num_seqs, 1, max_q, ctx)
+    starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    plan = Plan(meta.block_tables, meta.seq_lens, block_size, spans=list(zip(starts[:-1], starts[1:], lens)))
+    # query i of q_len sits at position seq_len - q_len + i: it sees the keys up to there (a lower-right causal mask)
+    plan.masks = [None if b - a == n else torch.ones(b - a, n, dtype=torch.bool, device=device).tril(n - (b - a))
+                  for a, b, n in plan.spans]
     return plan
 
 
@@ -181,14 +173,7 @@ class SdpaBackend(AttentionBackend):
             out = torch.bmm(scores.softmax(-1), ctx.v[:, :n])  # (seqs * kv_heads, group, d)
             return as_dtype(out.view(q.shape), q.dtype)
         self.decode_ctx = None
-        if plan.spans is not None:
-            return self._fresh_prompts(q, k_cache, v_cache, plan, step_kv)
-        padded = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:], dtype=torch.float32)  # (seqs, max_q, h, d)
-        padded[plan.seq_of_token, plan.row] = q.float()
-        k, v = self._gather(k_cache, v_cache, plan, plan.width)  # (seqs, kv_heads, width, d)
-        out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=plan.mask, scale=self.scale,
-                                             enable_gqa=True)
-        return out.transpose(1, 2)[plan.seq_of_token, plan.row].to(q.dtype)
+        return self._prompts(q, k_cache, v_cache, plan, step_kv)
 
     def _values(self, rows: torch.Tensor, which: int, heads_axis: int) -> torch.Tensor:
         """Cache rows as float32 values; an fp8 cache's dequantized by the K (which=0) or V (1) scale of the KV
@@ -204,19 +189,22 @@ class SdpaBackend(AttentionBackend):
         return tuple(self._values(c.view(-1, self.head_dim).index_select(0, rows).view(shape), i, 1)
                      for i, c in enumerate((k_cache, v_cache)))
 
-    def _fresh_prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
-                       step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """Prompts with nothing cached: each attends over the keys just stored, through SDPA's causal mask (which
-        skips the key tiles above the diagonal), on views of the token rows: no padding, no copies in. Measured on
-        the CPU benchmark's prefill against padding prompts of similar length into groups: 17 vs 22 ms a layer."""
-        if step_kv is None:  # called without store_kv (the kernel oracle's calls): this step's rows are in the cache
-            step_kv = tuple(torch.cat([x[i, :, : b - a].transpose(0, 1) for i, (a, b) in enumerate(plan.spans)])
-                            for x in self._gather(k_cache, v_cache, plan, plan.width))  # (tokens, kv_heads, d)
-        queries, keys, values = q.float(), step_kv[0].float(), step_kv[1].float()  # (tokens, heads, d)
-        outs = []
-        for a, b in plan.spans:  # (1, heads, length, d) views
-            q_s, k, v = (x[a:b].unsqueeze(0).transpose(1, 2) for x in (queries, keys, values))
-            outs.append(F.scaled_dot_product_attention(q_s, k, v, is_causal=True,
+    def _prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
+                 step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """A step with a longer query: each sequence attends over its own keys through SDPA, on views (no padding to
+        the longest query or context). Prompts with nothing cached take the keys just stored (the rows store_kv kept)
+        and SDPA's causal kernel, which skips the key tiles above the diagonal: measured on the CPU benchmark's
+        prefill against padding prompts of similar length into groups, 17 vs 22 ms a layer. Any other step (cached
+        prefixes, chunks, decodes mixed in, or a call without store_kv) reads the contexts gathered from the cache."""
+        if step_kv is not None and all(mask is None for mask in plan.masks):
+            k, v = (x.float().transpose(0, 1)[None] for x in step_kv)  # (1, kv_heads, tokens, d)
+            keys = [(k[:, :, a:b], v[:, :, a:b]) for a, b, _ in plan.spans]
+        else:
+            k, v = self._gather(k_cache, v_cache, plan, plan.width)  # (seqs, kv_heads, width, d)
+            keys = [(k[s : s + 1, :, :n], v[s : s + 1, :, :n]) for s, (_, _, n) in enumerate(plan.spans)]
+        queries, outs = q.float().transpose(0, 1)[None], []  # (1, heads, tokens, d)
+        for (a, b, _), mask, (k, v) in zip(plan.spans, plan.masks, keys):
+            outs.append(F.scaled_dot_product_attention(queries[:, :, a:b], k, v, attn_mask=mask, is_causal=mask is None,
                                                        scale=self.scale, enable_gqa=True)[0].transpose(0, 1))
         return torch.cat(outs).to(q.dtype)  # (num_tokens, heads, d)
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..kernels.kv_quant import FP8, dequantize_kv, quantize_kv, split_scales
+from ..kernels.kv_quant import dequantize_kv, quantize_kv, split_scales
+from ..kernels.prefill_attention import context_rows, gather_contexts
 from .base import AttentionBackend
 from .metadata import AttentionMetadata
 
@@ -62,17 +63,11 @@ class Plan:
         return self.tables.shape[1] * self.block_size
 
     def context_rows(self, capacity: int, kv_heads: int) -> torch.Tensor:
-        """(seqs * kv_heads * capacity,): the row of each (sequence, KV head, key position) in a layer's cache viewed
-        as (slots * kv_heads, head_dim), so one gather gives the (seqs, kv_heads, capacity, head_dim) layout; past a
-        sequence's context (and in the room to grow), its position 0's: finite filler. Made when a step gathers (not
-        every decode step)."""
+        """kernels/prefill_attention.context_rows of this step's contexts in `capacity` keys (past a sequence's
+        context, and in the room to grow: its position 0's), made when a step gathers (not every decode step)."""
         if ("rows", capacity) not in self._appends:
-            key_pos = torch.arange(capacity, device=self.tables.device)
-            blocks = (key_pos // self.block_size).clamp(max=self.tables.shape[1] - 1)
-            slots = self.tables.long()[:, blocks] * self.block_size + key_pos % self.block_size  # (seqs, capacity)
-            slots = torch.where(key_pos < self.seq_lens[:, None], slots, slots[:, :1])
-            heads = torch.arange(kv_heads, device=slots.device)[None, :, None]
-            self._appends["rows", capacity] = (slots[:, None, :] * kv_heads + heads).view(-1)
+            self._appends["rows", capacity] = context_rows(self.tables, self.seq_lens, self.block_size, capacity,
+                                                           kv_heads)
         return self._appends["rows", capacity]
 
     def append_index(self, capacity: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,8 +151,6 @@ class SdpaBackend(AttentionBackend):
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         step_kv, self.step_kv = self.step_kv, None
-        if self.kv_scales is not None:  # read through uint8 views, see _values
-            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         plan = meta.derived.get("sdpa")
         if plan is None:  # the first layer of the step plans for all of them
             prev = self.decode_ctx.plan if self.decode_ctx is not None else None
@@ -175,19 +168,12 @@ class SdpaBackend(AttentionBackend):
         self.decode_ctx = None
         return self._prompts(q, k_cache, v_cache, plan, step_kv)
 
-    def _values(self, rows: torch.Tensor, which: int, heads_axis: int) -> torch.Tensor:
-        """Cache rows as float32 values; an fp8 cache's dequantized by the K (which=0) or V (1) scale of the KV
-        head on `heads_axis`."""
-        if self.kv_scales is None:
-            return rows.float()
-        return dequantize_kv(rows.view(FP8), split_scales(self.kv_scales)[which], heads_axis)
-
     def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                 capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(seqs, kv_heads, capacity, head_dim) K and V values of every sequence's context: one index_select each."""
-        rows, shape = plan.context_rows(capacity, self.num_kv_heads), (-1, self.num_kv_heads, capacity, self.head_dim)
-        return tuple(self._values(c.view(-1, self.head_dim).index_select(0, rows).view(shape), i, 1)
-                     for i, c in enumerate((k_cache, v_cache)))
+        rows = plan.context_rows(capacity, self.num_kv_heads)
+        scales = split_scales(self.kv_scales) if self.kv_scales is not None else (None, None)
+        return gather_contexts(k_cache, rows, scales[0]), gather_contexts(v_cache, rows, scales[1])
 
     def _prompts(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Plan,
                  step_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:

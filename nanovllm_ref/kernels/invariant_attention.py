@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import triton
-from .kv_quant import dequantize_kv, split_scales
+from .kv_quant import split_scales
+from .prefill_attention import context_rows, gather_contexts
 
 UNIT_ROWS = 16  # query rows (tokens x GQA group) per product on the CPU
 KEY_TILE = 32  # keys per online-softmax step on the CPU
@@ -79,15 +80,10 @@ def invariant_attention_reference(
     tile = KEY_TILE  # never chosen by the batch or the chunk
     width = -(-int(seq_lens.max()) // tile) * tile
     key_pos = torch.arange(width, device=q.device)
-    blocks = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
-    slots = block_tables.long()[:, blocks] * block_size + key_pos % block_size  # (S, width)
-    slots = torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])  # past the context: key 0's (finite)
-    raw = torch.uint8 if kv_scales is not None else k_cache.dtype  # CPU index kernels have no fp8 variants
-    k, v = (c.view(raw).view(-1, kv_heads, d)[slots].view(c.dtype) for c in (k_cache, v_cache))  # (S, width, kvh, d)
-    if kv_scales is not None:
-        k_scale, v_scale = split_scales(kv_scales)
-        k, v = dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
-    k, v = k.float().permute(0, 2, 3, 1), v.float().transpose(1, 2)  # (S, kv_heads, d, width), (S, kv_heads, width, d)
+    at = context_rows(block_tables, seq_lens, block_size, width, kv_heads)  # past the context: key 0's (finite)
+    k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
+    # (S, kv_heads, d, width), (S, kv_heads, width, d)
+    k, v = gather_contexts(k_cache, at, k_scale).transpose(2, 3), gather_contexts(v_cache, at, v_scale)
     # (U, kv_heads, tokens * group, d): row t * group + g is token t's query head kvh * group + g
     queries = q.float()[rows].view(-1, tokens, kv_heads, group, d).transpose(1, 2).reshape(-1, kv_heads,
                                                                                         tokens * group, d)

@@ -29,7 +29,29 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
-from .kv_quant import dequantize_kv, split_scales
+from .kv_quant import FP8, dequantize_kv, split_scales
+
+
+def context_rows(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, width: int,
+                 kv_heads: int) -> torch.Tensor:
+    """(num_seqs, kv_heads, width) int64: the row of each (sequence, KV head, key position) in a cache viewed as
+    (slots * kv_heads, head_dim), so that one index_select gathers every context (`gather_contexts`). Past a
+    sequence's context, its position 0's: finite filler (a freed block may hold another request's NaN, and a masked
+    key's zero weight times NaN would still poison the sum)."""
+    key_pos = torch.arange(width, device=block_tables.device)
+    blocks = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
+    slots = block_tables.long()[:, blocks] * block_size + key_pos % block_size  # (seqs, width)
+    slots = torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])
+    return slots[:, None, :] * kv_heads + torch.arange(kv_heads, device=slots.device)[:, None]
+
+
+def gather_contexts(cache: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """(num_seqs, kv_heads, width, head_dim) float32 values of a paged cache at `rows` (`context_rows`); an fp8
+    cache's dequantized by its (kv_heads,) `scale`, read through a uint8 view (torch's CPU index kernels have no fp8
+    variants)."""
+    raw = cache.view(torch.uint8) if scale is not None else cache
+    x = raw.view(-1, cache.shape[-1]).index_select(0, rows.view(-1)).view(*rows.shape, -1)
+    return x.float() if scale is None else dequantize_kv(x.view(FP8), scale, heads_axis=1)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:

@@ -107,8 +107,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "is_causal=False,", "sdpa backend: a batch of fresh prompts attends without the causal mask",
       (GOLDEN,)),
     M("sdpa-gqa-tiled", "nanovllm_ref/attention/sdpa_backend.py",
-      "queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)",
-      "queries = q.float().reshape(num_seqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)",
+      "queries = q.float().reshape(-1, self.num_heads // self.num_kv_heads, self.head_dim)",
+      "queries = q.float().reshape(q.shape[0], -1, self.num_kv_heads, self.head_dim).transpose(1, 2)"
+      ".reshape(-1, self.num_heads // self.num_kv_heads, self.head_dim)",
       "sdpa backend decode: query heads tiled over the KV heads instead of grouped", (GOLDEN,)),
     M("sdpa-reads-past-context", "nanovllm_ref/kernels/prefill_attention.py",
       "torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])", "slots",

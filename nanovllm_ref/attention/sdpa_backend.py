@@ -51,12 +51,12 @@ class Plan:
     block_size: int
     mask: torch.Tensor | None = None  # decode: additive float (seqs * kv_heads, 1, ctx)
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
-    last: torch.Tensor | None = None  # decode: (num_seqs,) int64 position of each row's new token
+    last: torch.Tensor | None = None  # decode: (seqs * kv_heads,) int64 position of each (sequence, KV head)'s new key
     # any other step: each sequence's (first, end) token row and context length, and its (q_len, seq_len) causal
     # mask, None where the queries are the whole context (SDPA's own causal kernel then)
     spans: list[tuple[int, int, int]] | None = None
     masks: list[torch.Tensor | None] | None = None
-    _appends: dict = field(default_factory=dict)  # by capacity: where the context's rows come from and go
+    _rows: dict = field(default_factory=dict)  # context_rows by capacity
 
     @property
     def width(self) -> int:  # keys per row: max_blocks * block_size
@@ -65,21 +65,10 @@ class Plan:
     def context_rows(self, capacity: int, kv_heads: int) -> torch.Tensor:
         """kernels/prefill_attention.context_rows of this step's contexts in `capacity` keys (past a sequence's
         context, and in the room to grow: its position 0's), made when a step gathers (not every decode step)."""
-        if ("rows", capacity) not in self._appends:
-            self._appends["rows", capacity] = context_rows(self.tables, self.seq_lens, self.block_size, capacity,
-                                                           kv_heads)
-        return self._appends["rows", capacity]
+        if capacity not in self._rows:
+            self._rows[capacity] = context_rows(self.tables, self.seq_lens, self.block_size, capacity, kv_heads)
+        return self._rows[capacity]
 
-    def append_index(self, capacity: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat indices of each row's new token in a DecodeContext of `capacity` keys: into `kt.view(-1)`
-        ((seqs * kv_heads * head_dim,): one key element each) and into `v.view(-1, head_dim)` (one row each)."""
-        if capacity not in self._appends:
-            device = self.seq_lens.device
-            pos = self.last.repeat_interleave(kv_heads)  # (seqs * kv_heads,)
-            rows = torch.arange(pos.shape[0], device=device)
-            k_elems = (rows * (head_dim * capacity) + pos)[:, None] + torch.arange(head_dim, device=device) * capacity
-            self._appends[capacity] = (k_elems.view(-1), rows * capacity + pos)
-        return self._appends[capacity]
 
 
 def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_heads: int,
@@ -91,7 +80,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
         mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
         # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
-        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=(meta.seq_lens - 1).long())
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask,
+                    last=(meta.seq_lens - 1).long().repeat_interleave(num_kv_heads))
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
@@ -155,13 +145,12 @@ class SdpaBackend(AttentionBackend):
         if plan is None:  # the first layer of the step plans for all of them
             prev = self.decode_ctx.plan if self.decode_ctx is not None else None
             plan = meta.derived["sdpa"] = make_plan(meta, q.shape[0], k_cache.shape[1], self.num_kv_heads, prev)
-        num_seqs = plan.tables.shape[0]
         # in float32 like the reference (a no-op for float32 caches): bf16 scores would drift from it
         if plan.last is not None:  # decode: a KV head's query group shares its row block
             ctx, n = self._decode_context(k_cache, v_cache, plan, step_kv), plan.width
-            queries = q.float().reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)  # (seqs, kv_heads, group, d)
+            queries = q.float().reshape(-1, self.num_heads // self.num_kv_heads, self.head_dim)  # (rows, group, d)
             # batched matmuls and an in-place scale and mask (baddbmm's copy of the broadcast mask cost more)
-            scores = torch.bmm(queries.reshape(-1, queries.shape[2], self.head_dim), ctx.kt[:, :, :n])
+            scores = torch.bmm(queries, ctx.kt[:, :, :n])
             scores = scores.mul_(self.scale).add_(plan.mask)  # (seqs * kv_heads, group, ctx)
             out = torch.bmm(scores.softmax(-1), ctx.v[:, :n])  # (seqs * kv_heads, group, d)
             return as_dtype(out.view(q.shape), q.dtype)
@@ -199,15 +188,14 @@ class SdpaBackend(AttentionBackend):
         """This layer's keys and values of a decode step: the previous step's plus the token just stored, or,
         when the step does not continue the previous one (or outgrows the room left), gathered afresh."""
         ctx = self.decode_ctx
-        num_seqs, kv_heads, d = plan.tables.shape[0], self.num_kv_heads, self.head_dim
         if (ctx is not None and plan.extends is ctx.plan and ctx.cache_ptr == k_cache.data_ptr()
                 and plan.width <= ctx.v.shape[1] and step_kv is not None):  # (None: called without store_kv)
-            k_elems, v_rows = plan.append_index(ctx.v.shape[1], kv_heads, d)  # each row's new token, at its position
-            ctx.kt.view(-1).index_copy_(0, k_elems, as_dtype(step_kv[0], torch.float32).reshape(-1))
-            ctx.v.view(-1, d).index_copy_(0, v_rows, as_dtype(step_kv[1], torch.float32).reshape(-1, d))
+            rows = torch.arange(plan.last.shape[0], device=plan.last.device)  # each row's new key, at its position
+            ctx.kt[rows, :, plan.last] = as_dtype(step_kv[0], torch.float32).reshape(-1, self.head_dim)
+            ctx.v[rows, plan.last] = as_dtype(step_kv[1], torch.float32).reshape(-1, self.head_dim)
             ctx.plan = plan
         elif ctx is None or ctx.plan is not plan:
             capacity = plan.width + plan.width // 4 + k_cache.shape[1]  # room to grow by a quarter and a block
-            k, v = (x.view(num_seqs * kv_heads, capacity, d) for x in self._gather(k_cache, v_cache, plan, capacity))
+            k, v = (x.flatten(0, 1) for x in self._gather(k_cache, v_cache, plan, capacity))  # (rows, capacity, d)
             ctx = self.decode_ctx = DecodeContext(plan, k_cache.data_ptr(), k.transpose(1, 2).contiguous(), v)
         return ctx

@@ -181,12 +181,11 @@ def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query
     # only two variants (long / short queries), so a run compiles the kernel at most twice
     if max_query_len <= 16:
         block_q = max(min(block_q, 16), triton.cdiv(16, block_g))
-    block_m = block_q * block_g
     # 32 keys per tile, 2 stages: on the H200 (perf/RESULTS.md, "Kernels") 1.24x faster than 64 keys / 3 stages on
     # the headline's first prefill step (32 prompts of 100-1,024 tokens) and 1.15x on 4 x 4,096
     return {
-        "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_M": block_m, "BLOCK_N": 32,
-        "num_warps": 8 if block_m >= 128 or head_dim > 128 else 4, "num_stages": 2,
+        "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_N": 32,
+        "num_warps": 8 if block_q * block_g >= 128 or head_dim > 128 else 4, "num_stages": 2,
     }
 
 
@@ -196,7 +195,7 @@ def prefill_attention(
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
-    tile_config: dict[str, int] | None = None,  # override prefill_tile_config (batch_invariant mode's one tile)
+    tile_config: dict[str, int] | None = None,  # entries over prefill_tile_config's (batch_invariant mode's one tile)
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
@@ -204,17 +203,13 @@ def prefill_attention(
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
-    num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    if num_tokens == 0 or num_seqs == 0:
+    if num_tokens == 0 or seq_lens.shape[0] == 0:
         return out
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
-    cfg = prefill_tile_config(head_dim, q.dtype, group, max_query_len)
-    if tile_config is not None:  # e.g. {"BLOCK_N": 32, "num_stages": 2}; BLOCK_M follows BLOCK_Q x BLOCK_G
-        cfg.update(tile_config)
-        cfg["BLOCK_M"] = cfg["BLOCK_Q"] * cfg["BLOCK_G"]
-    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
+    cfg = {**prefill_tile_config(head_dim, q.dtype, group, max_query_len), **(tile_config or {})}
+    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, seq_lens.shape[0])
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         seq_lens if kv_scales is None else kv_scales, scale * LOG2E,
@@ -222,6 +217,6 @@ def prefill_attention(
         group, num_kv_heads,
         BLOCK_SIZE=block_size, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype),
-        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), BLOCK_M=cfg["BLOCK_Q"] * cfg["BLOCK_G"], **cfg,
     )
     return out

@@ -70,7 +70,6 @@ class Plan:
         return self._rows[capacity]
 
 
-
 def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_heads: int,
               prev: Plan | None = None) -> Plan:
     num_seqs, device = meta.seq_lens.shape[0], meta.seq_lens.device
@@ -95,9 +94,8 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
 def continues(prev: Plan, plan: Plan) -> bool:
     """Whether decode step `plan` is `prev`'s rows one token on: same sequences, the same cache blocks under every
     key `prev` saw. Then a layer's gathered keys of `prev` plus this step's are this step's context."""
-    if prev.last is None or prev.tables.shape[0] != plan.tables.shape[0] or prev.width > plan.width:
-        return False
-    if not torch.equal(plan.seq_lens, prev.seq_lens + 1):
+    # (torch.equal is False for another number of sequences)
+    if prev.last is None or prev.width > plan.width or not torch.equal(plan.seq_lens, prev.seq_lens + 1):
         return False
     blocks = prev.tables.shape[1]  # block j holds keys of prev iff j * block_size < its length
     used = torch.arange(blocks, device=prev.tables.device) * prev.block_size < prev.seq_lens[:, None]

@@ -54,11 +54,13 @@ def gather_contexts(cache: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor
     return x.float() if scale is None else dequantize_kv(x.view(FP8), scale, heads_axis=1)
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first `seq_len` tokens of one sequence from a paged cache: (seq_len, num_kv_heads, head_dim)."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
+              scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The first `seq_len` tokens of one sequence from a paged cache: (seq_len, num_kv_heads, head_dim) float32
+    values (an fp8 cache's dequantized by its (num_kv_heads,) `scale`)."""
+    num_blocks = -(-seq_len // cache.shape[1])
+    x = cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+    return x.float() if scale is None else dequantize_kv(x, scale)
 
 
 def prefill_attention_reference(
@@ -73,18 +75,16 @@ def prefill_attention_reference(
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
     out = torch.empty_like(q)
     k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
-    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group = q.shape[1] // k_cache.shape[2]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     for s, seq_len in enumerate(lens):
         q_start, q_end = starts[s], starts[s + 1]
         q_len = q_end - q_start
         if q_len == 0:
             continue
-        k, v = gather_kv(k_cache, block_tables[s], seq_len), gather_kv(v_cache, block_tables[s], seq_len)
-        if kv_scales is not None:  # (seq_len, num_kv_heads, head_dim) fp8 -> values
-            k, v = dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
-        k, v = k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
+        # (seq_len, num_heads, head_dim): each KV head's values repeated for its query heads
+        k = gather_kv(k_cache, block_tables[s], seq_len, k_scale).repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache, block_tables[s], seq_len, v_scale).repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].float()
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # (num_heads, q_len, seq_len)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)

@@ -74,18 +74,14 @@ def rms_norm(
     x2 = x.reshape(-1, hidden).contiguous()  # (a no-op for the layers' activations)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)  # `weight * h` promotes as torch does
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
-    if residual is not None:
-        assert residual.shape == shape and residual.dtype == x.dtype
-        r2 = residual.reshape(-1, hidden).contiguous()
-        res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    else:
-        r2 = res_out = x2  # unused
-    weight = weight.contiguous()
+    assert residual is None or (residual.shape == shape and residual.dtype == x.dtype)
+    r2 = x2 if residual is None else residual.reshape(-1, hidden).contiguous()  # (x2: unused)
+    res_out = x2 if residual is None else torch.empty_like(x2)
     block = triton.next_power_of_2(hidden)
     num_warps = max(1, min(16, block // 256))  # ~8 elements per thread
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, res_out, hidden, eps,
+            x2, r2, weight.contiguous(), out, res_out, hidden, eps,
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
         )
     out = out.view(shape)

@@ -63,13 +63,10 @@ if triton is not None:
         tl.store(out_ptr + at, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: torch.Tensor,  # (num_tokens, hidden)
-    weight: torch.Tensor,  # (hidden,)
-    eps: float,
-    residual: torch.Tensor | None = None,  # (num_tokens, hidden)
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of `rms_norm_reference`: returns `out`, or `(out, x + residual)` (new tensors)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `rms_norm_reference` (same arguments): returns `out`, or `(out, x + residual)` (new
+    tensors)."""
     shape, hidden = x.shape, x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()  # (a no-op for the layers' activations)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)  # `weight * h` promotes as torch does

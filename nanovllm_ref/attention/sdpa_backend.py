@@ -52,10 +52,9 @@ class Plan:
     mask: torch.Tensor | None = None  # decode: additive float (seqs * kv_heads, 1, ctx)
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
     last: torch.Tensor | None = None  # decode: (seqs * kv_heads,) int64 position of each (sequence, KV head)'s new key
-    # any other step: each sequence's (first, end) token row and context length, and its (q_len, seq_len) causal
-    # mask, None where the queries are the whole context (SDPA's own causal kernel then)
-    spans: list[tuple[int, int, int]] | None = None
-    masks: list[torch.Tensor | None] | None = None
+    # any other step: each sequence's (first, end) token row, context length and (q_len, seq_len) causal mask, the
+    # mask None where the queries are the whole context (SDPA's own causal kernel then)
+    spans: list[tuple[int, int, int, torch.Tensor | None]] | None = None
     _rows: dict = field(default_factory=dict)  # context_rows by capacity
 
     @property
@@ -76,19 +75,17 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
     if num_tokens == num_seqs and meta.decode_only:
         key_pos = torch.arange(meta.block_tables.shape[1] * block_size, device=device)
         # an additive mask, made once here for every layer, one row per (sequence, KV head) as the scores have them
-        mask = torch.where(key_pos >= meta.seq_lens[:, None], -torch.inf, 0.0)  # (seqs, ctx)
-        mask = mask.repeat_interleave(num_kv_heads, dim=0)[:, None]  # (seqs * kv_heads, 1, ctx)
+        lens = meta.seq_lens.long().repeat_interleave(num_kv_heads)  # (seqs * kv_heads,)
+        mask = torch.where(key_pos >= lens[:, None], -torch.inf, 0.0)[:, None]  # (seqs * kv_heads, 1, ctx)
         # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
-        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask,
-                    last=(meta.seq_lens - 1).long().repeat_interleave(num_kv_heads))
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=lens - 1)
         plan.extends = prev if prev is not None and continues(prev, plan) else None
         return plan
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
-    plan = Plan(meta.block_tables, meta.seq_lens, block_size, spans=list(zip(starts[:-1], starts[1:], lens)))
     # query i of q_len sits at position seq_len - q_len + i: it sees the keys up to there (a lower-right causal mask)
-    plan.masks = [None if b - a == n else torch.ones(b - a, n, dtype=torch.bool, device=device).tril(n - (b - a))
-                  for a, b, n in plan.spans]
-    return plan
+    spans = [(a, b, n, None if b - a == n else torch.ones(b - a, n, dtype=torch.bool, device=device).tril(n - (b - a)))
+             for a, b, n in zip(starts[:-1], starts[1:], lens)]
+    return Plan(meta.block_tables, meta.seq_lens, block_size, spans=spans)
 
 
 def continues(prev: Plan, plan: Plan) -> bool:
@@ -169,14 +166,14 @@ class SdpaBackend(AttentionBackend):
         and SDPA's causal kernel, which skips the key tiles above the diagonal: measured on the CPU benchmark's
         prefill against padding prompts of similar length into groups, 17 vs 22 ms a layer. Any other step (cached
         prefixes, chunks, decodes mixed in, or a call without store_kv) reads the contexts gathered from the cache."""
-        if step_kv is not None and all(mask is None for mask in plan.masks):
+        if step_kv is not None and all(mask is None for *_, mask in plan.spans):
             k, v = (x.float().transpose(0, 1)[None] for x in step_kv)  # (1, kv_heads, tokens, d)
-            keys = [(k[:, :, a:b], v[:, :, a:b]) for a, b, _ in plan.spans]
+            keys = [(k[:, :, a:b], v[:, :, a:b]) for a, b, _, _ in plan.spans]
         else:
             k, v = self._gather(k_cache, v_cache, plan, plan.width)  # (seqs, kv_heads, width, d)
-            keys = [(k[s : s + 1, :, :n], v[s : s + 1, :, :n]) for s, (_, _, n) in enumerate(plan.spans)]
+            keys = [(k[s : s + 1, :, :n], v[s : s + 1, :, :n]) for s, (_, _, n, _) in enumerate(plan.spans)]
         queries, outs = q.float().transpose(0, 1)[None], []  # (1, heads, tokens, d)
-        for (a, b, _), mask, (k, v) in zip(plan.spans, plan.masks, keys):
+        for (a, b, _, mask), (k, v) in zip(plan.spans, keys):
             outs.append(F.scaled_dot_product_attention(queries[:, :, a:b], k, v, attn_mask=mask, is_causal=mask is None,
                                                        scale=self.scale, enable_gqa=True)[0].transpose(0, 1))
         return torch.cat(outs).to(q.dtype)  # (num_tokens, heads, d)

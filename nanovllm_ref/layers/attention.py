@@ -16,16 +16,13 @@ class Attention(nn.Module):
         super().__init__()
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
-        self._views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (kv_cache, its K, its V)
 
     def _step(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """This layer's K and V caches, and the batch metadata of the step in progress."""
         kv = self.kv_cache
         if kv is None:
             raise RuntimeError("the KV cache is not allocated")
-        if self._views is None or self._views[0] is not kv:  # made once per cache, not twice per layer and step
-            self._views = (kv, kv[0], kv[1])
-        return self._views[1], self._views[2], get_forward_context()
+        return kv[0], kv[1], get_forward_context()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q (num_tokens, num_heads, head_dim); k, v (num_tokens, num_kv_heads, head_dim)

@@ -173,10 +173,8 @@ if triton is not None:
 def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int) -> dict[str, int]:
     """Tile shape: ~128 query rows (64 for fp32 or head_dim > 128, to fit registers/shared memory), never
     more query tokens per tile than the longest query needs."""
-    big = head_dim <= 128 and dtype != torch.float32
     block_g = triton.next_power_of_2(group)
-    rows = 128 if big else 64
-    block_q = max(1, rows // block_g)
+    block_q = max(1, (128 if head_dim <= 128 and dtype != torch.float32 else 64) // block_g)
     # short queries (e.g. decodes mixed with a short chunk): a smaller BLOCK_Q, but >= 16 MMA rows
     # only two variants (long / short queries), so a run compiles the kernel at most twice
     if max_query_len <= 16:

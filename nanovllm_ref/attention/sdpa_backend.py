@@ -112,10 +112,8 @@ class DecodeContext:
 
 
 class SdpaBackend(AttentionBackend):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, scale)
-        self.decode_ctx: DecodeContext | None = None
-        self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the rows store_kv just stored (no padding)
+    decode_ctx: DecodeContext | None = None  # set per instance
+    step_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # the rows store_kv just stored (no padding)
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         slots = as_dtype(meta.slot_mapping, torch.int64)

@@ -43,9 +43,9 @@ class FlashAttnBackend(TritonBackend):  # its store_kv: the Triton KV-store kern
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
         if meta.decode_only:
-            out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.seq_lens,
-                                          block_table=meta.block_tables, softmax_scale=self.scale, causal=True)
-            return out.squeeze(1)  # (num_seqs, 1, num_heads, head_dim) -> (num_seqs, num_heads, head_dim)
+            # (num_seqs, 1, num_heads, head_dim): one query row per sequence
+            return flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.seq_lens,
+                                           block_table=meta.block_tables, softmax_scale=self.scale, causal=True)[:, 0]
         cu_seqlens_k = F.pad(meta.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))  # (num_seqs + 1,)
         return flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=meta.query_start_loc, cu_seqlens_k=cu_seqlens_k,
                                       max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,

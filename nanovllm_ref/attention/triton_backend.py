@@ -34,14 +34,11 @@ class TritonBackend(AttentionBackend):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.decode_only and self.batch_invariant:  # the decode kernel unsplit, the prefill tile's bits
+        if meta.decode_only:  # batch-invariant mode: the decode kernel unsplit, the prefill tile's bits
+            split = (dict(num_splits=1, tile_config=invariant_decode_tile()) if self.batch_invariant else
+                     dict(max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0])))
             return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                    num_splits=1, tile_config=invariant_decode_tile(), order=meta.decode_order,
-                                    kv_scales=self.kv_scales)
-        if meta.decode_only:
-            return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                    max_seq_len=meta.max_seq_len, split_batch=decode_batch_bucket(q.shape[0]),
-                                    order=meta.decode_order, kv_scales=self.kv_scales)
+                                    order=meta.decode_order, kv_scales=self.kv_scales, **split)
         # batch-invariant mode: no batch-dependent split, one tile (kernels/invariant_attention)
         tile = invariant_prefill_tile(self.num_heads, self.num_kv_heads) if self.batch_invariant else None
         return prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,

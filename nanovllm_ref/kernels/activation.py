@@ -36,8 +36,7 @@ if triton is not None:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Triton version of `silu_and_mul_reference`."""
-    n, two_d = x.shape
-    d = two_d // 2
+    n, d = x.shape[0], x.shape[1] // 2
     x = x if x.stride(-1) == 1 else x.contiguous()
     out = torch.empty(n, d, dtype=x.dtype, device=x.device)
     if n:

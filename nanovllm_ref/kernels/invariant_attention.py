@@ -22,17 +22,20 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import triton
-from .kv_quant import dequantize_kv, split_scales
+from .kv_quant import split_scales
+from .prefill_attention import context_rows, gather_contexts
 
 UNIT_ROWS = 16  # query rows (tokens x GQA group) per product on the CPU
 KEY_TILE = 32  # keys per online-softmax step on the CPU
+# both CUDA kernels in this mode: 64 keys per tile, the decode kernel's 2 warps and 4 stages (decode steps dominate)
+CUDA_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
 
 
 def invariant_prefill_tile(num_heads: int, num_kv_heads: int) -> dict[str, int]:
-    """The one tile_config of the prefill kernel in this mode: 16 rows (a decode's GQA group padded, as the decode
-    kernel's), 64 keys per tile, the decode kernel's 2 warps and 4 stages (decode steps dominate the runtime)."""
+    """The one tile_config of the prefill kernel in this mode: CUDA_TILE, and 16 rows (a decode's GQA group padded,
+    as the decode kernel's)."""
     block_g = triton.next_power_of_2(num_heads // num_kv_heads)
-    return {"BLOCK_Q": max(1, UNIT_ROWS // block_g), "BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
+    return {"BLOCK_Q": max(1, UNIT_ROWS // block_g), **CUDA_TILE}
 
 
 def invariant_decode_tile() -> dict[str, int]:
@@ -40,8 +43,7 @@ def invariant_decode_tile() -> dict[str, int]:
     keys, warps and stages; its rows match too (the decode kernel pads a GQA group to >= 16 rows, the prefill tile
     holds BLOCK_Q x BLOCK_G = 16, or one group when larger), so a decode token's attention is the prefill kernel's,
     bit for bit (perf/invariant_attention.py checks it on the GPU; the invariance module checks it end to end)."""
-    tile = invariant_prefill_tile(1, 1)
-    return {key: tile[key] for key in ("BLOCK_N", "num_warps", "num_stages")}
+    return dict(CUDA_TILE)
 
 
 def _units(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: int,
@@ -58,16 +60,11 @@ def _units(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: int,
     return seq, rows, torch.where(valid, (seq_lens.long() - q_lens)[seq, None] + offs, -1)
 
 
-def invariant_attention_reference(
-    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32, context length including the queries
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    scale: float,
-    kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
-) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
+def invariant_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                                  scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/prefill_attention.prefill_attention_reference's arguments and result (q's dtype, computed in float32),
+    each query's keys reduced in KEY_TILE tiles from key 0, in products of UNIT_ROWS query rows."""
     out = torch.zeros_like(q)
     if q.shape[0] == 0:
         return out
@@ -79,15 +76,10 @@ def invariant_attention_reference(
     tile = KEY_TILE  # never chosen by the batch or the chunk
     width = -(-int(seq_lens.max()) // tile) * tile
     key_pos = torch.arange(width, device=q.device)
-    blocks = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
-    slots = block_tables.long()[:, blocks] * block_size + key_pos % block_size  # (S, width)
-    slots = torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])  # past the context: key 0's (finite)
-    raw = torch.uint8 if kv_scales is not None else k_cache.dtype  # CPU index kernels have no fp8 variants
-    k, v = (c.view(raw).view(-1, kv_heads, d)[slots].view(c.dtype) for c in (k_cache, v_cache))  # (S, width, kvh, d)
-    if kv_scales is not None:
-        k_scale, v_scale = split_scales(kv_scales)
-        k, v = dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
-    k, v = k.float().permute(0, 2, 3, 1), v.float().transpose(1, 2)  # (S, kv_heads, d, width), (S, kv_heads, width, d)
+    at = context_rows(block_tables, seq_lens, block_size, width, kv_heads)  # past the context: key 0's (finite)
+    k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
+    # (S, kv_heads, d, width), (S, kv_heads, width, d)
+    k, v = gather_contexts(k_cache, at, k_scale).transpose(2, 3), gather_contexts(v_cache, at, v_scale)
     # (U, kv_heads, tokens * group, d): row t * group + g is token t's query head kvh * group + g
     queries = q.float()[rows].view(-1, tokens, kv_heads, group, d).transpose(1, 2).reshape(-1, kv_heads,
                                                                                         tokens * group, d)

@@ -63,20 +63,16 @@ def gemm_config(n: int, k: int) -> tuple[int, ...]:
 def invariant_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                                ) -> torch.Tensor:
     """x (..., K), weight (N, K), bias (N,) -> (..., N), ROW_TILE rows per BLAS call."""
-    shape, k = x.shape, x.shape[-1]
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
-    pad = -m % ROW_TILE
-    if pad:
-        x2 = torch.cat([x2, x2.new_zeros(pad, k)])
-    out = x2.new_empty(m + pad, weight.shape[0])
-    wt = weight.t()
-    for a in range(0, m + pad, ROW_TILE):
-        torch.mm(x2[a : a + ROW_TILE], wt, out=out[a : a + ROW_TILE])
-    out = out[:m]
-    if bias is not None:
-        out = out + bias  # elementwise, after the product: the same for every row count
-    return out.view(*shape[:-1], weight.shape[0])
+    if m % ROW_TILE:  # the last tile zero-padded
+        x2 = torch.cat([x2, x2.new_zeros(-m % ROW_TILE, x2.shape[1])])
+    out = x2.new_empty(x2.shape[0], weight.shape[0])
+    for a in range(0, x2.shape[0], ROW_TILE):
+        torch.mm(x2[a : a + ROW_TILE], weight.t(), out=out[a : a + ROW_TILE])
+    # the bias elementwise, after the product: the same for every row count
+    out = out[:m] if bias is None else out[:m] + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 if triton is not None:

@@ -29,14 +29,38 @@ from __future__ import annotations
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
-from .kv_quant import dequantize_kv, split_scales
+from .kv_quant import FP8, dequantize_kv, split_scales
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first `seq_len` tokens of one sequence from a paged cache: (seq_len, num_kv_heads, head_dim)."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+def context_rows(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, width: int,
+                 kv_heads: int) -> torch.Tensor:
+    """(num_seqs, kv_heads, width) int64: the row of each (sequence, KV head, key position) in a cache viewed as
+    (slots * kv_heads, head_dim), so that one index_select gathers every context (`gather_contexts`). Past a
+    sequence's context, its position 0's: finite filler (a freed block may hold another request's NaN, and a masked
+    key's zero weight times NaN would still poison the sum)."""
+    key_pos = torch.arange(width, device=block_tables.device)
+    blocks = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
+    slots = block_tables.long()[:, blocks] * block_size + key_pos % block_size  # (seqs, width)
+    slots = torch.where(key_pos < seq_lens[:, None], slots, slots[:, :1])
+    return slots[:, None, :] * kv_heads + torch.arange(kv_heads, device=slots.device)[:, None]
+
+
+def gather_contexts(cache: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """(num_seqs, kv_heads, width, head_dim) float32 values of a paged cache at `rows` (`context_rows`); an fp8
+    cache's dequantized by its (kv_heads,) `scale`, read through a uint8 view (torch's CPU index kernels have no fp8
+    variants)."""
+    raw = cache.view(torch.uint8) if scale is not None else cache
+    x = raw.view(-1, cache.shape[-1]).index_select(0, rows.view(-1)).view(*rows.shape, -1)
+    return x.float() if scale is None else dequantize_kv(x.view(FP8), scale, heads_axis=1)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
+              scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The first `seq_len` tokens of one sequence from a paged cache: (seq_len, num_kv_heads, head_dim) float32
+    values (an fp8 cache's dequantized by its (num_kv_heads,) `scale`)."""
+    num_blocks = -(-seq_len // cache.shape[1])
+    x = cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+    return x.float() if scale is None else dequantize_kv(x, scale)
 
 
 def prefill_attention_reference(
@@ -51,18 +75,16 @@ def prefill_attention_reference(
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype; computed in float32
     out = torch.empty_like(q)
     k_scale, v_scale = split_scales(kv_scales) if kv_scales is not None else (None, None)
-    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group = q.shape[1] // k_cache.shape[2]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     for s, seq_len in enumerate(lens):
         q_start, q_end = starts[s], starts[s + 1]
         q_len = q_end - q_start
         if q_len == 0:
             continue
-        k, v = gather_kv(k_cache, block_tables[s], seq_len), gather_kv(v_cache, block_tables[s], seq_len)
-        if kv_scales is not None:  # (seq_len, num_kv_heads, head_dim) fp8 -> values
-            k, v = dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
-        k, v = k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
+        # (seq_len, num_heads, head_dim): each KV head's values repeated for its query heads
+        k = gather_kv(k_cache, block_tables[s], seq_len, k_scale).repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache, block_tables[s], seq_len, v_scale).repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].float()
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # (num_heads, q_len, seq_len)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
@@ -151,20 +173,17 @@ if triton is not None:
 def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int) -> dict[str, int]:
     """Tile shape: ~128 query rows (64 for fp32 or head_dim > 128, to fit registers/shared memory), never
     more query tokens per tile than the longest query needs."""
-    big = head_dim <= 128 and dtype != torch.float32
     block_g = triton.next_power_of_2(group)
-    rows = 128 if big else 64
-    block_q = max(1, rows // block_g)
+    block_q = max(1, (128 if head_dim <= 128 and dtype != torch.float32 else 64) // block_g)
     # short queries (e.g. decodes mixed with a short chunk): a smaller BLOCK_Q, but >= 16 MMA rows
     # only two variants (long / short queries), so a run compiles the kernel at most twice
     if max_query_len <= 16:
         block_q = max(min(block_q, 16), triton.cdiv(16, block_g))
-    block_m = block_q * block_g
     # 32 keys per tile, 2 stages: on the H200 (perf/RESULTS.md, "Kernels") 1.24x faster than 64 keys / 3 stages on
     # the headline's first prefill step (32 prompts of 100-1,024 tokens) and 1.15x on 4 x 4,096
     return {
-        "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_M": block_m, "BLOCK_N": 32,
-        "num_warps": 8 if block_m >= 128 or head_dim > 128 else 4, "num_stages": 2,
+        "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_N": 32,
+        "num_warps": 8 if block_q * block_g >= 128 or head_dim > 128 else 4, "num_stages": 2,
     }
 
 
@@ -174,7 +193,7 @@ def prefill_attention(
     max_query_len: int | None = None,  # longest q_len of the batch; read from query_start_loc if None
     *,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim) preallocated output
-    tile_config: dict[str, int] | None = None,  # override prefill_tile_config (batch_invariant mode's one tile)
+    tile_config: dict[str, int] | None = None,  # entries over prefill_tile_config's (batch_invariant mode's one tile)
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim), q's dtype
     """Triton version of `prefill_attention_reference`, one launch for all sequences."""
@@ -182,17 +201,13 @@ def prefill_attention(
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
-    num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    if num_tokens == 0 or num_seqs == 0:
+    if num_tokens == 0 or seq_lens.shape[0] == 0:
         return out
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
-    cfg = prefill_tile_config(head_dim, q.dtype, group, max_query_len)
-    if tile_config is not None:  # e.g. {"BLOCK_N": 32, "num_stages": 2}; BLOCK_M follows BLOCK_Q x BLOCK_G
-        cfg.update(tile_config)
-        cfg["BLOCK_M"] = cfg["BLOCK_Q"] * cfg["BLOCK_G"]
-    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, num_seqs)
+    cfg = {**prefill_tile_config(head_dim, q.dtype, group, max_query_len), **(tile_config or {})}
+    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, seq_lens.shape[0])
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         seq_lens if kv_scales is None else kv_scales, scale * LOG2E,
@@ -200,6 +215,6 @@ def prefill_attention(
         group, num_kv_heads,
         BLOCK_SIZE=block_size, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim,
         UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype),
-        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), **cfg,
+        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), BLOCK_M=cfg["BLOCK_Q"] * cfg["BLOCK_G"], **cfg,
     )
     return out

@@ -63,29 +63,22 @@ if triton is not None:
         tl.store(out_ptr + at, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: torch.Tensor,  # (num_tokens, hidden)
-    weight: torch.Tensor,  # (hidden,)
-    eps: float,
-    residual: torch.Tensor | None = None,  # (num_tokens, hidden)
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of `rms_norm_reference`: returns `out`, or `(out, x + residual)` (new tensors)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `rms_norm_reference` (same arguments): returns `out`, or `(out, x + residual)` (new
+    tensors)."""
     shape, hidden = x.shape, x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()  # (a no-op for the layers' activations)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)  # `weight * h` promotes as torch does
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
-    if residual is not None:
-        assert residual.shape == shape and residual.dtype == x.dtype
-        r2 = residual.reshape(-1, hidden).contiguous()
-        res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    else:
-        r2 = res_out = x2  # unused
-    weight = weight.contiguous()
+    assert residual is None or (residual.shape == shape and residual.dtype == x.dtype)
+    r2 = x2 if residual is None else residual.reshape(-1, hidden).contiguous()  # (x2: unused)
+    res_out = x2 if residual is None else torch.empty_like(x2)
     block = triton.next_power_of_2(hidden)
     num_warps = max(1, min(16, block // 256))  # ~8 elements per thread
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, res_out, hidden, eps,
+            x2, r2, weight.contiguous(), out, res_out, hidden, eps,
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
         )
     out = out.view(shape)

@@ -94,8 +94,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     assert k_cache.shape[2:] == (num_kv_heads, head_dim)
     if num_tokens == 0:
         return
-    block_h = triton.next_power_of_2(num_kv_heads)
-    block_d = triton.next_power_of_2(head_dim)
+    block_h, block_d = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
     tile_bytes = block_h * block_d * key.element_size()
     # ~16 bytes per thread per tensor: 1 KiB tile -> 2 warps, 2 KiB (8 heads x 128, bf16) -> 4 warps
     num_warps = max(1, min(8, tile_bytes // 512))

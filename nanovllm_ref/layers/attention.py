@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend, get_forward_context
+from ..attention import AttentionBackend, AttentionMetadata, get_forward_context
 from ..kernels.qkv_epilogue import qkv_epilogue
 from .norm import RMSNorm
 
@@ -16,20 +16,17 @@ class Attention(nn.Module):
         super().__init__()
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
-        self._views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (kv_cache, its K, its V)
 
-    def _cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """This layer's K and V caches, and the batch metadata of the step in progress."""
         kv = self.kv_cache
         if kv is None:
             raise RuntimeError("the KV cache is not allocated")
-        if self._views is None or self._views[0] is not kv:  # made once per cache, not twice per layer and step
-            self._views = (kv, kv[0], kv[1])
-        return self._views[1], self._views[2]
+        return kv[0], kv[1], get_forward_context()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q (num_tokens, num_heads, head_dim); k, v (num_tokens, num_kv_heads, head_dim)
-        k_cache, v_cache = self._cache()
-        meta = get_forward_context()
+        k_cache, v_cache, meta = self._step()
         self.backend.store_kv(k, v, k_cache, v_cache, meta)
         return self.backend.forward(q, k_cache, v_cache, meta)
 
@@ -41,8 +38,7 @@ class Attention(nn.Module):
                        q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> torch.Tensor:
         """Attention from the packed QKV rows, with q/k norm, RoPE and the KV store in one kernel (one launch
         instead of up to six per layer, kernels/qkv_epilogue.py)."""
-        k_cache, v_cache = self._cache()
-        meta = get_forward_context()
+        k_cache, v_cache, meta = self._step()
         b = self.backend
         weights = (q_norm.weight, k_norm.weight, q_norm.eps) if q_norm is not None else (None, None, 0.0)
         q = qkv_epilogue(qkv, positions, cos_sin_cache, *weights, k_cache, v_cache, meta.slot_mapping,

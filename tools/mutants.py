@@ -313,9 +313,9 @@ MUTANTS: tuple[Mutant, ...] = (
       (f"{SAMPLING_CONF}::test_seeded_samples_reproducible_one_by_one",
        f"{SAMPLING_CONF}::test_sampling_distribution")),
     # async prefill: steps with prefill chunks launched behind the one in flight
-    M("async-prefill-ids-by-order", "nanovllm_ref/engine/llm_engine.py",
-      "dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])",
-      "dst, rows = zip(*[(dst, i) for i, (dst, seq_id) in enumerate(step.pending)])",
+    M("async-prefill-ids-by-order", "nanovllm_ref/engine/model_runner.py",
+      "[row_of[seq_id] for _, seq_id in step.pending]",
+      "[i for i, (_, seq_id) in enumerate(step.pending)]",
       "async scheduling feeds a step's rows the step in flight's tokens by order, not by sequence",
       ("tests/engine/test_async_scheduling.py",)),
     M("async-fill-never-finishes", "nanovllm_ref/engine/scheduler.py",

@@ -134,6 +134,6 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.hash is None:  # nothing worth keeping: hand it out before cached blocks
                     self.free_queue.move_to_end(block_id, last=False)
-        seq.block_table = []
+        del seq.block_table[:]
         seq.block_hashes = []
         seq.num_computed_tokens = 0

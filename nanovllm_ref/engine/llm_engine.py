@@ -219,20 +219,14 @@ class LLMEngine:
     def _launch_behind(self, out: SchedulerOutput, launched: Launched,
                        ) -> tuple[SchedulerOutput, Launched | None] | None:
         """With `out` in flight, the step behind it: scheduled now and, if the device can sample it alone, launched,
-        with the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
+        the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
         `out` compute one more token in it, which is dropped (as in vLLM's async scheduling)."""
         ahead = self.scheduler.schedule_ahead(out)
         if ahead is None:
             return None
         self._stepping.append(ahead)
         step = prepare_step(ahead, self.config.kvcache_block_size)
-        if not self._can_launch(step):
-            return ahead, None
-        if not step.pending:
-            return ahead, self.runner.launch(step)
-        row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
-        dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])
-        return ahead, self.runner.launch(step, prev=launched, rows=list(rows), dst=list(dst))
+        return ahead, self.runner.launch(step, prev=launched) if self._can_launch(step) else None
 
     def _drop_ahead_if_done(self) -> None:
         """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""

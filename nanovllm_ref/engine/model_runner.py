@@ -24,8 +24,6 @@ from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
 from .inputs import StepInput, dummy_prefill_step
 
-_NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
-
 
 @dataclass
 class StepOutput:
@@ -48,26 +46,39 @@ class Launched:
     kept: tuple[torch.Tensor, torch.Tensor | None, Any] | None = None
 
 
-def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
-           ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor]:
-    """An eager step's inputs on the device with one host-to-device copy: (input ids, positions, attention
-    metadata, logits rows, token rows `dst`). Packed into one int64 host buffer (pinned on CUDA, from torch's
-    caching host allocator, which reuses it only once its copy is done), split into views on the device. Fresh
-    each step: CPU attention backends may keep a step's tensors (`to` is a no-op there) to compare with the next."""
-    tables = step.padded_block_tables()
-    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
-              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst or []]
+def upload(arrays: list, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`arrays` (lists or numpy arrays) on the device with one host-to-device copy: packed into one host buffer
+    (numpy reads a long Python list ~4x faster than torch.tensor), split into views on the device. The buffer is
+    pinned on CUDA (from torch's caching host allocator, which reuses it only once its copy is done): a copy from
+    pageable memory may wait for the stream to drain, which would stall the host behind the forward it just queued
+    and idle the GPU after it. Fresh each step: CPU attention backends may keep a step's tensors (`to` is a no-op
+    there) to compare with the next."""
     sizes = [len(a) for a in arrays]
-    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
-    np.concatenate([np.asarray(a, np.int64) for a in arrays], out=host.numpy())
-    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows = host.to(
-        device, non_blocking=True).split(sizes)
+    host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
+    np.concatenate([np.asarray(a, host.numpy().dtype) for a in arrays], out=host.numpy())
+    return host.to(device, non_blocking=True).split(sizes)
+
+
+def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An eager step's inputs on the device with one copy: (input ids, positions, attention metadata, logits rows,
+    and, with `prev_step` (the step in flight, async scheduling), the token rows `step.pending` names and the rows of
+    `prev_step`'s sampled tokens that are their input ids)."""
+    tables = step.block_tables
+    dst = rows = []
+    if prev_step is not None:
+        row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)}
+        dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
+    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
+              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst, rows]
+    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows = upload(
+        arrays, torch.int64, device)
     meta = AttentionMetadata(
         slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
         block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
     )
-    return ids, positions, meta, logits_rows, dst_rows
+    return ids, positions, meta, logits_rows, dst_rows, rows
 
 
 class ModelRunner:
@@ -204,22 +215,15 @@ class ModelRunner:
                     sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
         torch.cuda.synchronize()
 
-    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        # numpy reads a long Python list ~4x faster than torch.tensor (16,384-token prefill steps); staged in
-        # pinned memory: a copy from pageable memory may wait for the stream to drain (the driver stages it),
-        # which would stall the host behind the forward it just queued and idle the GPU after it
-        host = torch.from_numpy(np.array(data, dtype=_NUMPY_DTYPES[dtype]))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
-
-    def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
-                       ) -> torch.Tensor:
+    def compute_hidden(self, step: StepInput, prev: Launched | None = None) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
-        `taken` (on the device) are the input ids of token rows `dst`, from a step still in flight."""
-        input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
-        if taken is not None:
-            input_ids[dst_rows] = taken
+        The input ids of the token rows `step.pending` names are the tokens of `prev`, the step still in flight,
+        taken on the device."""
+        prev = prev if step.pending else None
+        input_ids, positions, meta, logits_rows, dst, rows = stage_step(
+            step, self.device, self.spec.max_model_len, None if prev is None else prev.step)
+        if prev is not None:  # (clamped: a NaN row's token must stay a valid id)
+            input_ids[dst] = prev.tokens[rows].clamp(0, self.model_config.vocab_size - 1)
         if self.graphs is not None and self.graphs.can_run(step):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
@@ -228,16 +232,11 @@ class ModelRunner:
         return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
-    def launch(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
-               dst: list[int] | None = None) -> Launched:
+    def launch(self, step: StepInput, prev: Launched | None = None) -> Launched:
         """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
-        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled
-        tokens `rows` are taken on the device as the input ids of token rows `dst`."""
-        taken = None
-        if prev is not None:
-            taken = prev.tokens[self._tensor(rows, torch.int64)]
-            taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
-        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))  # (num_logits, vocab), rank 0 only
+        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), the rows of
+        `step.pending` take `prev`'s sampled tokens as input ids on the device."""
+        logits = self.model.compute_logits(self.compute_hidden(step, prev))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:
@@ -287,8 +286,8 @@ class ModelRunner:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
         (row indices, processed scores) of the rows that took the processing path, or None)."""
         # two host-to-device copies for all per-request parameters
-        ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
-        floats = self._tensor([step.temperature, step.top_p], torch.float32)
+        ints = upload([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64, self.device)
+        floats = upload([step.temperature, step.top_p], torch.float32, self.device)
         sample_logits = logits if step.sample_rows_are_all_rows() else logits[ints[0]]
         batch = SamplingBatch(
             temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],

@@ -119,15 +119,12 @@ def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, f
         step.prompt_logprobs.append((seq.seq_id, rows, targets, seq.params.prompt_logprobs))
 
 
-def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int, write_cache: bool) -> StepInput:
-    """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups. With `write_cache`,
-    sequence s owns blocks [s * n, (s + 1) * n) and its K/V is stored; otherwise every slot is -1 (nothing
-    is written) and the block tables point at block 0."""
-    n = -(-q_len // block_size)
-    tables = [array("i", range(s * n, (s + 1) * n) if write_cache else [0] * n) for s in range(num_seqs)]
+def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int) -> StepInput:
+    """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups: every slot is -1 (nothing is
+    written) and every block table entry is block 0."""
+    tables = [array("i", [0] * -(-q_len // block_size))] * num_seqs
     ends = list(range(q_len, num_seqs * q_len + 1, q_len))
     step = StepInput(query_start_loc=[0, *ends], seq_lens=[q_len] * num_seqs, logits_indices=[end - 1 for end in ends])
     _token_columns(step, [0] * (num_seqs * q_len), tables, block_size)
-    if not write_cache:
-        step.slot_mapping[:] = -1
+    step.slot_mapping[:] = -1
     return step

@@ -14,6 +14,7 @@ inside a step fails only that step's requests. Reading the checkpoint: loader.py
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -34,15 +35,12 @@ from .workers import WorkersFailed
 
 def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
     """The tokens that end a request: config.json's eos_token_id and generation_config.json's (as vLLM)."""
-    ids: set[int] = set()
     sources = [model_config.eos_token_id]
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
         with open(gen_path) as f:
             sources.append(json.load(f).get("eos_token_id"))
-    for src in sources:
-        ids.update([src] if isinstance(src, int) else (src or []))
-    return frozenset(ids)
+    return frozenset(i for src in sources for i in ([src] if isinstance(src, int) else src or []))
 
 
 class LLMEngine:
@@ -76,7 +74,7 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
-        self._next_id = 0
+        self._ids = itertools.count()  # of requests added without an id
         # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
         # runs once the tokens it continues from are known
         self._ahead: tuple[SchedulerOutput, Launched | None] | None = None
@@ -126,9 +124,7 @@ class LLMEngine:
         """Add a request whose prompt `validate_request` returned (n > 1: n sequences; the others wait for the first
         one's prefill and take its prompt blocks from the prefix cache). Sample i draws with seed `seed + i`
         (mod 2^64), so a seeded sample is reproduced alone by a request with n = 1 and that seed."""
-        if request_id is None:
-            request_id = str(self._next_id)
-            self._next_id += 1
+        request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         base = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -139,9 +135,8 @@ class LLMEngine:
             if self.tokenizer is not None:  # every request's text, through one detokenizer per sample
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
             seq.prefill_after = seqs[0] if seqs else None
+            seq.group = seqs if params.n > 1 else None  # (this loop fills the list)
             seqs.append(seq)
-        for seq in seqs:
-            seq.group = seqs if params.n > 1 else None
             self.scheduler.add(seq)
         self.requests[request_id] = seqs[0]
         return request_id

@@ -7,6 +7,8 @@ head_dim)`) and the attention backend. Rank 0 samples; other ranks only run the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 from typing import Any
 
 import numpy as np
@@ -112,14 +114,14 @@ class ModelRunner:
         self.kv_dtype = spec.kv_dtype
         if self.kv_dtype == FP8:
             self._set_kv_scales()
+        if self.device.type == "cuda":
+            self._warmup(measure=spec.config.num_kvcache_blocks is None)
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.config.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model, model_config.hidden_size, spec.dtype, self.device, spec.config.max_num_seqs,
                 spec.max_model_len, self.block_size,
             )
-        if self.device.type == "cuda":
-            self._compile_warmup()
 
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
@@ -163,10 +165,7 @@ class ModelRunner:
             layer.backend.kv_scales = self.kv_scales[i]
 
     def _blocks_from_gpu_memory(self) -> int:
-        """Measure the activation peak with a full-budget warm-up forward, then give the rest to the cache."""
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        self._warmup()
+        """The memory beside the peak of the weights and a full-budget forward (`_warmup`), in blocks."""
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
         # vLLM's meaning: this engine's share of the GPU, whatever other processes hold (engines side by side, as
@@ -177,17 +176,27 @@ class ModelRunner:
         return int(min(share, there)) // self._block_bytes()
 
     @torch.inference_mode()
-    def _warmup(self) -> None:
-        spec = self.spec
-        num_seqs = min(spec.config.max_num_seqs, spec.config.max_num_batched_tokens)
-        per_seq = min(spec.config.max_num_batched_tokens // num_seqs, spec.max_model_len)
-        blocks_per_seq = -(-per_seq // self.block_size)
-        self._set_kv_cache(num_seqs * blocks_per_seq)
-        step = dummy_prefill_step(num_seqs, per_seq, self.block_size, write_cache=True)
-        hidden = self.compute_hidden(step)
-        self.model.compute_logits(hidden)
+    def _warmup(self, measure: bool) -> None:
+        """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) before the first
+        requests come; `measure`: the first is a full-budget prefill, whose peak memory sizes the cache
+        (`_blocks_from_gpu_memory`). Over a temporary cache that nothing is written to (slots are -1)."""
+        cfg = self.spec.config
+        num_seqs = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        per_seq = min(cfg.max_num_batched_tokens // num_seqs, self.spec.max_model_len)
+        torch.cuda.reset_peak_memory_stats()
+        self._set_kv_cache(num_seqs * -(-per_seq // self.block_size) if measure else 1)  # (the peak counts it)
+        if measure:
+            self.model.compute_logits(self.compute_hidden(dummy_prefill_step(num_seqs, per_seq, self.block_size)))
+        for q_len, num_seqs in ((32, 1), (2, 2)):
+            step = dummy_prefill_step(num_seqs, q_len, self.block_size)
+            step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
+            logits = self.model.compute_logits(self.compute_hidden(step))
+            if logits is not None:
+                ones = torch.ones(len(logits), device=self.device)
+                zeros = torch.zeros(len(logits), dtype=torch.int64, device=self.device)
+                for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
+                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
         torch.cuda.synchronize()
-        del hidden
         self._set_kv_cache(None)
         torch.cuda.empty_cache()
 
@@ -198,22 +207,6 @@ class ModelRunner:
         self.attn_layers = []
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    @torch.inference_mode()
-    def _compile_warmup(self) -> None:
-        """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
-        so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
-        for q_len, num_seqs in ((32, 1), (2, 2)):
-            step = dummy_prefill_step(num_seqs, q_len, self.block_size, write_cache=False)
-            step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
-            logits = self.model.compute_logits(self.compute_hidden(step))
-            if logits is not None:
-                n = logits.shape[0]
-                ones = torch.ones(n, device=self.device)
-                zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-                for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
-                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
-        torch.cuda.synchronize()
 
     def compute_hidden(self, step: StepInput, prev: Launched | None = None) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
@@ -245,14 +238,12 @@ class ModelRunner:
             sample_logits = processed = None
             packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
         tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        if logits is None:  # a TP rank other than 0: nothing to collect
+            return Launched(step, tokens, None, None)
         wants_logprobs = step.prompt_logprobs or max(step.num_logprobs, default=-1) >= 0
-        kept = (logits, sample_logits, processed) if logits is not None and wants_logprobs else None
-        if logits is None or self.device.type != "cuda":
-            return Launched(step, tokens, None if logits is None else packed, None, kept)
-        host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        kept = (logits, sample_logits, processed) if wants_logprobs else None
+        host = packed.to("cpu", non_blocking=True)  # (from CUDA: into pinned memory, so asynchronous)
+        done = torch.cuda.current_stream().record_event() if self.device.type == "cuda" else None
         return Launched(step, tokens, host, done, kept)
 
     @torch.inference_mode()
@@ -266,20 +257,16 @@ class ModelRunner:
             targets = torch.tensor(targets, device=logits.device)
             out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
         tokens_list, finite_list = launched.host.tolist()
-        k_max = max(step.num_logprobs, default=-1)
-        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
-            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
-            return out
-        if k_max >= 0:
+        out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
+        if max(step.num_logprobs, default=-1) >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
             entries = _logprob_dicts(sample_logits, launched.tokens, step.num_logprobs, scores)
-        for i, seq_id in enumerate(step.sample_seq_ids):
-            if not finite_list[i]:
-                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
-                continue
-            out.sampled[seq_id] = tokens_list[i]
-            if step.num_logprobs[i] >= 0:
-                out.logprobs[seq_id] = entries[i]
+            out.logprobs = {s: e for s, e, k in zip(step.sample_seq_ids, entries, step.num_logprobs) if k >= 0}
+        if not all(finite_list):  # (rare: the common case has no loop over the rows but `all`'s)
+            for seq_id in compress(step.sample_seq_ids, map(not_, finite_list)):
+                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"  # no token, no logprobs
+                del out.sampled[seq_id]
+                out.logprobs.pop(seq_id, None)
         return out
 
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:

@@ -79,14 +79,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        return self._observed(self._schedule)
-
-    def _observed(self, make: Callable[[], SchedulerOutput]) -> SchedulerOutput:
-        if self.on_schedule is None:
-            return make()
-        waiting = list(self.waiting)
-        out = make()
-        self.on_schedule(self, out, waiting)
+        waiting = list(self.waiting) if self.on_schedule is not None else []
+        out = self._schedule()
+        if self.on_schedule is not None:
+            self.on_schedule(self, out, waiting)
         return out
 
     def _schedule(self) -> SchedulerOutput:

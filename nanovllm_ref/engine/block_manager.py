@@ -88,8 +88,7 @@ class BlockManager:
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)
         seq.num_computed_tokens += len(cached_blocks) * self.block_size
-        for _ in range(num_new_blocks):
-            seq.block_table.append(self._take_free_block())
+        seq.block_table.extend(self._take_free_block() for _ in range(num_new_blocks))
         return True
 
     def _take_free_block(self) -> int:

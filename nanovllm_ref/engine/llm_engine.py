@@ -259,8 +259,6 @@ class LLMEngine:
                 self.scheduler.finish(seq, "stop")
                 stopped.append(seq)
             seq.finish_reason, seq.stop_reason = "stop", found  # also over "length" at the last token, as vLLM
-        if stopped:
-            self._drop_ahead_if_done()
         return stopped
 
     def _pop_output(self, seq: Sequence) -> RequestOutput | None:

@@ -64,13 +64,11 @@ def upload(arrays: list, dtype: torch.dtype, device: torch.device) -> tuple[torc
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
     """An eager step's inputs on the device with one copy: (input ids, positions, attention metadata, logits rows,
-    and, with `prev_step` (the step in flight, async scheduling), the token rows `step.pending` names and the rows of
-    `prev_step`'s sampled tokens that are their input ids)."""
+    the token rows `step.pending` names and the rows of `prev_step`'s sampled tokens that are their input ids);
+    `prev_step` is the step in flight (async scheduling), needed only when `step.pending` names rows."""
     tables = step.block_tables
-    dst = rows = []
-    if prev_step is not None:
-        row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)}
-        dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
+    row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)} if step.pending else {}
+    dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
     arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
               tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst, rows]
     ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows = upload(
@@ -212,10 +210,9 @@ class ModelRunner:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
         The input ids of the token rows `step.pending` names are the tokens of `prev`, the step still in flight,
         taken on the device."""
-        prev = prev if step.pending else None
         input_ids, positions, meta, logits_rows, dst, rows = stage_step(
-            step, self.device, self.spec.max_model_len, None if prev is None else prev.step)
-        if prev is not None:  # (clamped: a NaN row's token must stay a valid id)
+            step, self.device, self.spec.max_model_len, prev and prev.step)
+        if step.pending:  # (clamped: a NaN row's token must stay a valid id)
             input_ids[dst] = prev.tokens[rows].clamp(0, self.model_config.vocab_size - 1)
         if self.graphs is not None and self.graphs.can_run(step):
             hidden = self.graphs.run(input_ids, positions, meta)

@@ -21,12 +21,6 @@ class SequenceStatus(Enum):
 
 class Sequence:
     _ids = itertools.count()
-    # slots: the decode hot path writes num_computed_tokens of every running sequence each step
-    __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "seed", "status",
-                 "num_computed_tokens", "num_pending", "num_cached_tokens", "num_preemptions", "block_table",
-                 "block_hashes", "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs",
-                 "prompt_logprobs", "needs_processing", "detokenizer", "stop_reason", "prefill_after", "group")
-
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
         self.seq_id = next(Sequence._ids)  # also the arrival order
         self.request_id = request_id

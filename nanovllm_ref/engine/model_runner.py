@@ -290,9 +290,5 @@ def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], s
                    ) -> list[dict[int, float]]:
     """Per row: its top-k logprobs (k = ks[row]; the row of a k < 0 is not to be read) and its target's."""
     chosen_lp, ids, values = (x.tolist() for x in top_logprobs(logits, targets, max(ks), scores))
-    dicts = []
-    for i, (target, k) in enumerate(zip(targets.tolist(), ks)):
-        entry = dict(zip(ids[i][:k], values[i][:k]))
-        entry[target] = chosen_lp[i]
-        dicts.append(entry)
-    return dicts
+    return [dict(zip(ids[i][:k], values[i][:k])) | {target: chosen_lp[i]}
+            for i, (target, k) in enumerate(zip(targets.tolist(), ks))]

@@ -166,17 +166,11 @@ class Scheduler:
                 continue
             seq.token_ids.append(token)
             seq.num_pending -= out.advanced
-            reason = self._finish_reason(seq, token)
+            reason = "stop" if token in seq.stop_ids else "length" if len(seq.token_ids) >= seq.max_num_tokens else None
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)
         return finished
-
-    @staticmethod
-    def _finish_reason(seq: Sequence, token: int) -> str | None:
-        if token in seq.stop_ids:
-            return "stop"
-        return "length" if len(seq.token_ids) >= seq.max_num_tokens else None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""

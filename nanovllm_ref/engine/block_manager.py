@@ -110,10 +110,8 @@ class BlockManager:
                 tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
                 h = hash_block(parent, tokens)
                 seq.block_hashes.append(h)
-                if not self.enable_prefix_caching:
-                    continue
                 block = self.blocks[seq.block_table[i]]
-                if block.hash is None:
+                if self.enable_prefix_caching and block.hash is None:
                     block.hash, block.parent_hash, block.token_ids = h, parent, tokens
                     self.cached.setdefault(h, block.block_id)
 

@@ -46,10 +46,6 @@ class StepInput:
     # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
     pending: list[tuple[int, int]] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
-
     def logits_rows_are_all_rows(self) -> bool:
         """True in pure decode steps: every token row is a logits row, in order (no gather needed)."""
         n = len(self.logits_indices)

@@ -187,7 +187,7 @@ class ModelRunner:
             self.model.compute_logits(self.compute_hidden(dummy_prefill_step(num_seqs, per_seq, self.block_size)))
         for q_len, num_seqs in ((32, 1), (2, 2)):
             step = dummy_prefill_step(num_seqs, q_len, self.block_size)
-            step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
+            step.logits_indices = list(range(len(step.input_ids)))  # the sampler at 32 and 4 rows
             logits = self.model.compute_logits(self.compute_hidden(step))
             if logits is not None:
                 ones = torch.ones(len(logits), device=self.device)

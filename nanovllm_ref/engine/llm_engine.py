@@ -30,7 +30,7 @@ from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
-from .workers import WorkersFailed
+from .workers import TPExecutor, WorkersFailed
 
 
 def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
@@ -57,12 +57,8 @@ class LLMEngine:
             eos = self.model_config.eos_token_id
             self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
-        if config.tensor_parallel_size > 1:
-            from .workers import TPExecutor
-
-            self.runner = TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
-        else:
-            self.runner = ModelRunner(self.spec, self.model_config)
+        self.runner = (TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
+                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config))
         self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching

@@ -159,11 +159,11 @@ class LLMEngine:
         self._stepping.clear()
         try:
             return self._step()
-        except WorkersFailed:  # the engine itself is gone: no request can be served any more
-            raise
         except Exception as e:
             seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
-            if not seqs:  # nothing was scheduled: a scheduler bug, not one request's
+            # WorkersFailed: the engine itself is gone, no request can be served any more; nothing scheduled: a
+            # scheduler bug, not one request's
+            if isinstance(e, WorkersFailed) or not seqs:
                 raise
             logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
             self._ahead = None

@@ -176,10 +176,7 @@ class Scheduler:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+        (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
         self.block_manager.free(seq)
         seq.num_pending = 0  # its step in flight failed or was aborted: that token never comes
         seq.status = SequenceStatus.FINISHED

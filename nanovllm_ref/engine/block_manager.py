@@ -88,8 +88,7 @@ class BlockManager:
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)
         seq.num_computed_tokens += len(cached_blocks) * self.block_size
-        for _ in range(num_new_blocks):
-            seq.block_table.append(self._take_free_block())
+        seq.block_table.extend(self._take_free_block() for _ in range(num_new_blocks))
         return True
 
     def _take_free_block(self) -> int:
@@ -111,10 +110,8 @@ class BlockManager:
                 tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
                 h = hash_block(parent, tokens)
                 seq.block_hashes.append(h)
-                if not self.enable_prefix_caching:
-                    continue
                 block = self.blocks[seq.block_table[i]]
-                if block.hash is None:
+                if self.enable_prefix_caching and block.hash is None:
                     block.hash, block.parent_hash, block.token_ids = h, parent, tokens
                     self.cached.setdefault(h, block.block_id)
 
@@ -134,6 +131,6 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.hash is None:  # nothing worth keeping: hand it out before cached blocks
                     self.free_queue.move_to_end(block_id, last=False)
-        seq.block_table = []
+        del seq.block_table[:]
         seq.block_hashes = []
         seq.num_computed_tokens = 0

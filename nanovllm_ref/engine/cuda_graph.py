@@ -27,8 +27,7 @@ class DecodeGraphs:
     def __init__(self, model: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device,
                  max_num_seqs: int, max_model_len: int, block_size: int) -> None:
         self.sizes = capture_sizes(max_num_seqs)
-        self.max_batch = self.sizes[-1]
-        n, width = self.max_batch, -(-max_model_len // block_size)
+        n, width = self.sizes[-1], -(-max_model_len // block_size)
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
@@ -63,7 +62,7 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def can_run(self, step: StepInput) -> bool:
-        return step.max_query_len == 1 and len(step.seq_lens) <= self.max_batch
+        return step.max_query_len == 1 and len(step.seq_lens) <= self.sizes[-1]
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Replay the graph for a decode step whose inputs are on the device (ModelRunner's staging): they are

@@ -46,10 +46,9 @@ _INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, when
 
 def prompt_context(decode: Any, prompt_ids: list[int]) -> list[int]:
     """The prompt suffix that primes decoding: the shortest of 4..23 tokens decoding without U+FFFD, else all."""
-    if len(prompt_ids) > _MIN_CONTEXT:
-        for n in range(_MIN_CONTEXT, min(len(prompt_ids), _MAX_CONTEXT) + 1):
-            if "\ufffd" not in decode(prompt_ids[-n:]):
-                return list(prompt_ids[-n:])
+    for n in range(_MIN_CONTEXT, min(len(prompt_ids), _MAX_CONTEXT) + 1):  # (none below 4 tokens: all of them)
+        if "\ufffd" not in decode(prompt_ids[-n:]):
+            return list(prompt_ids[-n:])
     return list(prompt_ids)
 
 

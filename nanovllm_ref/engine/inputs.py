@@ -8,7 +8,7 @@ per-sequence ones with a few vector operations; the runner stages them for the d
 
 from __future__ import annotations
 
-import itertools
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +26,9 @@ class StepInput:
     slot_mapping: list[int] | np.ndarray = field(default_factory=list)
     query_start_loc: list[int] = field(default_factory=lambda: [0])
     seq_lens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
+    # (num_seqs, widest table) int32, zero-padded: one copy to the device, and one raw buffer in the tensor-parallel
+    # wire format (workers.py pickles one StepInput per step for every rank; a list per table took ~5x longer)
+    block_tables: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
     logits_indices: list[int] = field(default_factory=list)  # token rows whose logits are needed
     # one entry per sampling sequence; *_rows index into logits_indices
     sample_seq_ids: list[int] = field(default_factory=list)
@@ -41,32 +43,8 @@ class StepInput:
     processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
-    # block_tables as a zero-padded (num_seqs, max blocks) int32 array, made once by padded_block_tables()
-    block_table_array: np.ndarray | None = None
     # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
     pending: list[tuple[int, int]] = field(default_factory=list)
-
-    def __getstate__(self) -> dict:
-        """The tensor-parallel wire format (workers.py pickles one StepInput per step for every rank): the block
-        tables travel only as their zero-padded int32 array, one raw buffer instead of a pickled object per entry.
-        A headline decode step at 256 sequences (~14k table entries): dumps + loads ~1,080 -> ~185 us (perf/RESULTS.md).
-        Converting the per-row lists too gains nothing: a 256-entry list pickles as fast as numpy converts it."""
-        state = dict(self.__dict__)
-        state["block_table_array"], state["block_tables"] = self.padded_block_tables(), []
-        return state
-
-    def padded_block_tables(self) -> np.ndarray:  # (num_seqs, max blocks) int32
-        if self.block_table_array is None:  # one flat copy and one masked store: half the time of a row loop
-            tables = self.block_tables
-            lens = np.fromiter(map(len, tables), np.int64, len(tables))
-            self.block_table_array = np.zeros((len(tables), int(lens.max(initial=0))), np.int32)
-            flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(lens.sum()))
-            self.block_table_array[np.arange(self.block_table_array.shape[1]) < lens[:, None]] = flat
-        return self.block_table_array
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
 
     def logits_rows_are_all_rows(self) -> bool:
         """True in pure decode steps: every token row is a logits row, in order (no gather needed)."""
@@ -85,7 +63,7 @@ class StepInput:
 def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     """The step's inputs, derived from its sequences (decode steps, prefill chunks and mixed steps alike)."""
     step = StepInput()
-    input_ids, sampling_rows = [], []
+    input_ids, sampling_rows, tables = [], [], []
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
         input_ids += seq.token_ids[start:end]
@@ -94,7 +72,7 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
             input_ids.append(-1)
         step.query_start_loc.append(len(input_ids))
         step.seq_lens.append(end)
-        step.block_tables.append(seq.block_table)
+        tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, step.query_start_loc[-2])
         if out.samples(seq, num_new):
@@ -105,13 +83,17 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     if sampling_rows:  # one transpose instead of eight appends per sequence
         (step.sample_seq_ids, step.temperature, step.top_k, step.top_p, step.seeds, step.num_logprobs,
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))
-    _token_columns(step, input_ids, block_size)
+    _token_columns(step, input_ids, tables, block_size)
     return step
 
 
-def _token_columns(step: StepInput, input_ids: list[int], block_size: int) -> None:
-    """input_ids, positions and slot_mapping as int64 arrays, and the zero-padded block-table array."""
-    table_array = step.padded_block_tables()
+def _token_columns(step: StepInput, input_ids: list[int], tables: list[array], block_size: int) -> None:
+    """input_ids, positions and slot_mapping as int64 arrays, and the block tables as one zero-padded array."""
+    widths = np.fromiter(map(len, tables), np.int64, len(tables))
+    table_array = np.zeros((len(tables), int(widths.max(initial=0))), np.int32)
+    # one buffer join and one masked store: ~40 us at 256 tables of 44 blocks (a flat copy of their 11k Python ints
+    # took ~300-400 us)
+    table_array[np.arange(table_array.shape[1]) < widths[:, None]] = np.frombuffer(b"".join(tables), np.intc)
     q = np.array(step.query_start_loc, np.int64)
     lens = np.diff(q)
     seq_of_token = np.repeat(np.arange(len(table_array)), lens)  # (num_tokens,)
@@ -119,7 +101,7 @@ def _token_columns(step: StepInput, input_ids: list[int], block_size: int) -> No
     positions = np.arange(q[-1]) + np.repeat(np.array(step.seq_lens, np.int64) - q[1:], lens)
     slots = table_array[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
     step.input_ids = np.fromiter(input_ids, np.int64, len(input_ids))  # (faster than np.array from a list)
-    step.positions, step.slot_mapping = positions, slots
+    step.positions, step.slot_mapping, step.block_tables = positions, slots, table_array
 
 
 def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, first_row: int) -> None:
@@ -134,16 +116,12 @@ def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, f
         step.prompt_logprobs.append((seq.seq_id, rows, targets, seq.params.prompt_logprobs))
 
 
-def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int, write_cache: bool) -> StepInput:
-    """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups. With `write_cache`,
-    sequence s owns blocks [s * n, (s + 1) * n) and its K/V is stored; otherwise every slot is -1 (nothing
-    is written) and the block tables point at block 0."""
-    n = -(-q_len // block_size)
-    tables = [list(range(s * n, (s + 1) * n)) if write_cache else [0] * n for s in range(num_seqs)]
+def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int) -> StepInput:
+    """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups: every slot is -1 (nothing is
+    written) and every block table entry is block 0."""
+    tables = [array("i", [0] * -(-q_len // block_size))] * num_seqs
     ends = list(range(q_len, num_seqs * q_len + 1, q_len))
-    step = StepInput(query_start_loc=[0, *ends], seq_lens=[q_len] * num_seqs, block_tables=tables,
-                     logits_indices=[end - 1 for end in ends])
-    _token_columns(step, [0] * (num_seqs * q_len), block_size)
-    if not write_cache:
-        step.slot_mapping[:] = -1
+    step = StepInput(query_start_loc=[0, *ends], seq_lens=[q_len] * num_seqs, logits_indices=[end - 1 for end in ends])
+    _token_columns(step, [0] * (num_seqs * q_len), tables, block_size)
+    step.slot_mapping[:] = -1
     return step

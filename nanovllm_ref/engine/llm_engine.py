@@ -14,6 +14,7 @@ inside a step fails only that step's requests. Reading the checkpoint: loader.py
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -29,20 +30,17 @@ from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
-from .workers import WorkersFailed
+from .workers import TPExecutor, WorkersFailed
 
 
 def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
     """The tokens that end a request: config.json's eos_token_id and generation_config.json's (as vLLM)."""
-    ids: set[int] = set()
     sources = [model_config.eos_token_id]
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
         with open(gen_path) as f:
             sources.append(json.load(f).get("eos_token_id"))
-    for src in sources:
-        ids.update([src] if isinstance(src, int) else (src or []))
-    return frozenset(ids)
+    return frozenset(i for src in sources for i in ([src] if isinstance(src, int) else src or []))
 
 
 class LLMEngine:
@@ -59,12 +57,8 @@ class LLMEngine:
             eos = self.model_config.eos_token_id
             self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
-        if config.tensor_parallel_size > 1:
-            from .workers import TPExecutor
-
-            self.runner = TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
-        else:
-            self.runner = ModelRunner(self.spec, self.model_config)
+        self.runner = (TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
+                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config))
         self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
@@ -76,7 +70,7 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
-        self._next_id = 0
+        self._ids = itertools.count()  # of requests added without an id
         # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
         # runs once the tokens it continues from are known
         self._ahead: tuple[SchedulerOutput, Launched | None] | None = None
@@ -126,9 +120,7 @@ class LLMEngine:
         """Add a request whose prompt `validate_request` returned (n > 1: n sequences; the others wait for the first
         one's prefill and take its prompt blocks from the prefix cache). Sample i draws with seed `seed + i`
         (mod 2^64), so a seeded sample is reproduced alone by a request with n = 1 and that seed."""
-        if request_id is None:
-            request_id = str(self._next_id)
-            self._next_id += 1
+        request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         base = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -139,9 +131,8 @@ class LLMEngine:
             if self.tokenizer is not None:  # every request's text, through one detokenizer per sample
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
             seq.prefill_after = seqs[0] if seqs else None
+            seq.group = seqs if params.n > 1 else None  # (this loop fills the list)
             seqs.append(seq)
-        for seq in seqs:
-            seq.group = seqs if params.n > 1 else None
             self.scheduler.add(seq)
         self.requests[request_id] = seqs[0]
         return request_id
@@ -168,11 +159,11 @@ class LLMEngine:
         self._stepping.clear()
         try:
             return self._step()
-        except WorkersFailed:  # the engine itself is gone: no request can be served any more
-            raise
         except Exception as e:
             seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
-            if not seqs:  # nothing was scheduled: a scheduler bug, not one request's
+            # WorkersFailed: the engine itself is gone, no request can be served any more; nothing scheduled: a
+            # scheduler bug, not one request's
+            if isinstance(e, WorkersFailed) or not seqs:
                 raise
             logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
             self._ahead = None
@@ -219,20 +210,14 @@ class LLMEngine:
     def _launch_behind(self, out: SchedulerOutput, launched: Launched,
                        ) -> tuple[SchedulerOutput, Launched | None] | None:
         """With `out` in flight, the step behind it: scheduled now and, if the device can sample it alone, launched,
-        with the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
+        the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
         `out` compute one more token in it, which is dropped (as in vLLM's async scheduling)."""
         ahead = self.scheduler.schedule_ahead(out)
         if ahead is None:
             return None
         self._stepping.append(ahead)
         step = prepare_step(ahead, self.config.kvcache_block_size)
-        if not self._can_launch(step):
-            return ahead, None
-        if not step.pending:
-            return ahead, self.runner.launch(step)
-        row_of = {seq_id: i for i, seq_id in enumerate(launched.step.sample_seq_ids)}
-        dst, rows = zip(*[(dst, row_of[seq_id]) for dst, seq_id in step.pending])
-        return ahead, self.runner.launch(step, prev=launched, rows=list(rows), dst=list(dst))
+        return ahead, self.runner.launch(step, prev=launched) if self._can_launch(step) else None
 
     def _drop_ahead_if_done(self) -> None:
         """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""
@@ -270,8 +255,6 @@ class LLMEngine:
                 self.scheduler.finish(seq, "stop")
                 stopped.append(seq)
             seq.finish_reason, seq.stop_reason = "stop", found  # also over "length" at the last token, as vLLM
-        if stopped:
-            self._drop_ahead_if_done()
         return stopped
 
     def _pop_output(self, seq: Sequence) -> RequestOutput | None:

@@ -7,6 +7,8 @@ head_dim)`) and the attention backend. Rank 0 samples; other ranks only run the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,6 @@ from ..loader import init_dummy_weights, load_weights
 from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
 from .inputs import StepInput, dummy_prefill_step
-
-_NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
 @dataclass
@@ -48,26 +48,37 @@ class Launched:
     kept: tuple[torch.Tensor, torch.Tensor | None, Any] | None = None
 
 
-def stage_step(step: StepInput, device: torch.device, max_model_len: int, dst: list[int] | None = None,
-           ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor]:
-    """An eager step's inputs on the device with one host-to-device copy: (input ids, positions, attention
-    metadata, logits rows, token rows `dst`). Packed into one int64 host buffer (pinned on CUDA, from torch's
-    caching host allocator, which reuses it only once its copy is done), split into views on the device. Fresh
-    each step: CPU attention backends may keep a step's tensors (`to` is a no-op there) to compare with the next."""
-    tables = step.padded_block_tables()
-    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
-              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst or []]
+def upload(arrays: list, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`arrays` (lists or numpy arrays) on the device with one host-to-device copy: packed into one host buffer
+    (numpy reads a long Python list ~4x faster than torch.tensor), split into views on the device. The buffer is
+    pinned on CUDA (from torch's caching host allocator, which reuses it only once its copy is done): a copy from
+    pageable memory may wait for the stream to drain, which would stall the host behind the forward it just queued
+    and idle the GPU after it. Fresh each step: CPU attention backends may keep a step's tensors (`to` is a no-op
+    there) to compare with the next."""
     sizes = [len(a) for a in arrays]
-    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
-    np.concatenate([np.asarray(a, np.int64) for a in arrays], out=host.numpy())
-    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows = host.to(
-        device, non_blocking=True).split(sizes)
+    host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
+    np.concatenate([np.asarray(a, host.numpy().dtype) for a in arrays], out=host.numpy())
+    return host.to(device, non_blocking=True).split(sizes)
+
+
+def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An eager step's inputs on the device with one copy: (input ids, positions, attention metadata, logits rows,
+    the token rows `step.pending` names and the rows of `prev_step`'s sampled tokens that are their input ids);
+    `prev_step` is the step in flight (async scheduling), needed only when `step.pending` names rows."""
+    tables = step.block_tables
+    row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)} if step.pending else {}
+    dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
+    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
+              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst, rows]
+    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows = upload(
+        arrays, torch.int64, device)
     meta = AttentionMetadata(
         slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
         block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
     )
-    return ids, positions, meta, logits_rows, dst_rows
+    return ids, positions, meta, logits_rows, dst_rows, rows
 
 
 class ModelRunner:
@@ -101,14 +112,14 @@ class ModelRunner:
         self.kv_dtype = spec.kv_dtype
         if self.kv_dtype == FP8:
             self._set_kv_scales()
+        if self.device.type == "cuda":
+            self._warmup(measure=spec.config.num_kvcache_blocks is None)
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not spec.config.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model, model_config.hidden_size, spec.dtype, self.device, spec.config.max_num_seqs,
                 spec.max_model_len, self.block_size,
             )
-        if self.device.type == "cuda":
-            self._compile_warmup()
 
     def _block_bytes(self) -> int:
         first = self.attn_layers[0].backend
@@ -152,10 +163,7 @@ class ModelRunner:
             layer.backend.kv_scales = self.kv_scales[i]
 
     def _blocks_from_gpu_memory(self) -> int:
-        """Measure the activation peak with a full-budget warm-up forward, then give the rest to the cache."""
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        self._warmup()
+        """The memory beside the peak of the weights and a full-budget forward (`_warmup`), in blocks."""
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
         # vLLM's meaning: this engine's share of the GPU, whatever other processes hold (engines side by side, as
@@ -166,17 +174,27 @@ class ModelRunner:
         return int(min(share, there)) // self._block_bytes()
 
     @torch.inference_mode()
-    def _warmup(self) -> None:
-        spec = self.spec
-        num_seqs = min(spec.config.max_num_seqs, spec.config.max_num_batched_tokens)
-        per_seq = min(spec.config.max_num_batched_tokens // num_seqs, spec.max_model_len)
-        blocks_per_seq = -(-per_seq // self.block_size)
-        self._set_kv_cache(num_seqs * blocks_per_seq)
-        step = dummy_prefill_step(num_seqs, per_seq, self.block_size, write_cache=True)
-        hidden = self.compute_hidden(step)
-        self.model.compute_logits(hidden)
+    def _warmup(self, measure: bool) -> None:
+        """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) before the first
+        requests come; `measure`: the first is a full-budget prefill, whose peak memory sizes the cache
+        (`_blocks_from_gpu_memory`). Over a temporary cache that nothing is written to (slots are -1)."""
+        cfg = self.spec.config
+        num_seqs = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        per_seq = min(cfg.max_num_batched_tokens // num_seqs, self.spec.max_model_len)
+        torch.cuda.reset_peak_memory_stats()
+        self._set_kv_cache(num_seqs * -(-per_seq // self.block_size) if measure else 1)  # (the peak counts it)
+        if measure:
+            self.model.compute_logits(self.compute_hidden(dummy_prefill_step(num_seqs, per_seq, self.block_size)))
+        for q_len, num_seqs in ((32, 1), (2, 2)):
+            step = dummy_prefill_step(num_seqs, q_len, self.block_size)
+            step.logits_indices = list(range(len(step.input_ids)))  # the sampler at 32 and 4 rows
+            logits = self.model.compute_logits(self.compute_hidden(step))
+            if logits is not None:
+                ones = torch.ones(len(logits), device=self.device)
+                zeros = torch.zeros(len(logits), dtype=torch.int64, device=self.device)
+                for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
+                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
         torch.cuda.synchronize()
-        del hidden
         self._set_kv_cache(None)
         torch.cuda.empty_cache()
 
@@ -188,38 +206,14 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    @torch.inference_mode()
-    def _compile_warmup(self) -> None:
-        """Compile the Triton kernel variants a run meets (long and short prefill tiles, the sampler) now,
-        so the first requests do not pay for it. Writes nothing to the KV cache (slots are -1)."""
-        for q_len, num_seqs in ((32, 1), (2, 2)):
-            step = dummy_prefill_step(num_seqs, q_len, self.block_size, write_cache=False)
-            step.logits_indices = list(range(step.num_tokens))  # the sampler at 32 and 4 rows
-            logits = self.model.compute_logits(self.compute_hidden(step))
-            if logits is not None:
-                n = logits.shape[0]
-                ones = torch.ones(n, device=self.device)
-                zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-                for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
-                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
-        torch.cuda.synchronize()
-
-    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        # numpy reads a long Python list ~4x faster than torch.tensor (16,384-token prefill steps); staged in
-        # pinned memory: a copy from pageable memory may wait for the stream to drain (the driver stages it),
-        # which would stall the host behind the forward it just queued and idle the GPU after it
-        host = torch.from_numpy(np.array(data, dtype=_NUMPY_DTYPES[dtype]))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
-
-    def compute_hidden(self, step: StepInput, taken: torch.Tensor | None = None, dst: list[int] | None = None,
-                       ) -> torch.Tensor:
+    def compute_hidden(self, step: StepInput, prev: Launched | None = None) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
-        `taken` (on the device) are the input ids of token rows `dst`, from a step still in flight."""
-        input_ids, positions, meta, logits_rows, dst_rows = stage_step(step, self.device, self.spec.max_model_len, dst)
-        if taken is not None:
-            input_ids[dst_rows] = taken
+        The input ids of the token rows `step.pending` names are the tokens of `prev`, the step still in flight,
+        taken on the device."""
+        input_ids, positions, meta, logits_rows, dst, rows = stage_step(
+            step, self.device, self.spec.max_model_len, prev and prev.step)
+        if step.pending:  # (clamped: a NaN row's token must stay a valid id)
+            input_ids[dst] = prev.tokens[rows].clamp(0, self.model_config.vocab_size - 1)
         if self.graphs is not None and self.graphs.can_run(step):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
@@ -228,16 +222,11 @@ class ModelRunner:
         return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
-    def launch(self, step: StepInput, prev: Launched | None = None, rows: list[int] | None = None,
-               dst: list[int] | None = None) -> Launched:
+    def launch(self, step: StepInput, prev: Launched | None = None) -> Launched:
         """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
-        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), `prev`'s sampled
-        tokens `rows` are taken on the device as the input ids of token rows `dst`."""
-        taken = None
-        if prev is not None:
-            taken = prev.tokens[self._tensor(rows, torch.int64)]
-            taken = taken.clamp(0, self.model_config.vocab_size - 1)  # a NaN row's token must stay a valid id
-        logits = self.model.compute_logits(self.compute_hidden(step, taken, dst))  # (num_logits, vocab), rank 0 only
+        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), the rows of
+        `step.pending` take `prev`'s sampled tokens as input ids on the device."""
+        logits = self.model.compute_logits(self.compute_hidden(step, prev))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:
@@ -246,14 +235,12 @@ class ModelRunner:
             sample_logits = processed = None
             packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
         tokens = broadcast_from_first_rank(packed[0]) if n else packed[0]  # every rank's next input ids
+        if logits is None:  # a TP rank other than 0: nothing to collect
+            return Launched(step, tokens, None, None)
         wants_logprobs = step.prompt_logprobs or max(step.num_logprobs, default=-1) >= 0
-        kept = (logits, sample_logits, processed) if logits is not None and wants_logprobs else None
-        if logits is None or self.device.type != "cuda":
-            return Launched(step, tokens, None if logits is None else packed, None, kept)
-        host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        kept = (logits, sample_logits, processed) if wants_logprobs else None
+        host = packed.to("cpu", non_blocking=True)  # (from CUDA: into pinned memory, so asynchronous)
+        done = torch.cuda.current_stream().record_event() if self.device.type == "cuda" else None
         return Launched(step, tokens, host, done, kept)
 
     @torch.inference_mode()
@@ -267,28 +254,24 @@ class ModelRunner:
             targets = torch.tensor(targets, device=logits.device)
             out.prompt_logprobs[seq_id] = _logprob_dicts(logits[rows], targets, [k] * len(targets))
         tokens_list, finite_list = launched.host.tolist()
-        k_max = max(step.num_logprobs, default=-1)
-        if k_max < 0 and all(finite_list):  # the common case, without a Python loop over the rows
-            out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
-            return out
-        if k_max >= 0:
+        out.sampled = dict(zip(step.sample_seq_ids, tokens_list))
+        if max(step.num_logprobs, default=-1) >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
             entries = _logprob_dicts(sample_logits, launched.tokens, step.num_logprobs, scores)
-        for i, seq_id in enumerate(step.sample_seq_ids):
-            if not finite_list[i]:
-                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"
-                continue
-            out.sampled[seq_id] = tokens_list[i]
-            if step.num_logprobs[i] >= 0:
-                out.logprobs[seq_id] = entries[i]
+            out.logprobs = {s: e for s, e, k in zip(step.sample_seq_ids, entries, step.num_logprobs) if k >= 0}
+        if not all(finite_list):  # (rare: the common case has no loop over the rows but `all`'s)
+            for seq_id in compress(step.sample_seq_ids, map(not_, finite_list)):
+                out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"  # no token, no logprobs
+                del out.sampled[seq_id]
+                out.logprobs.pop(seq_id, None)
         return out
 
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
         (row indices, processed scores) of the rows that took the processing path, or None)."""
         # two host-to-device copies for all per-request parameters
-        ints = self._tensor([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64)
-        floats = self._tensor([step.temperature, step.top_p], torch.float32)
+        ints = upload([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64, self.device)
+        floats = upload([step.temperature, step.top_p], torch.float32, self.device)
         sample_logits = logits if step.sample_rows_are_all_rows() else logits[ints[0]]
         batch = SamplingBatch(
             temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
@@ -307,9 +290,5 @@ def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], s
                    ) -> list[dict[int, float]]:
     """Per row: its top-k logprobs (k = ks[row]; the row of a k < 0 is not to be read) and its target's."""
     chosen_lp, ids, values = (x.tolist() for x in top_logprobs(logits, targets, max(ks), scores))
-    dicts = []
-    for i, (target, k) in enumerate(zip(targets.tolist(), ks)):
-        entry = dict(zip(ids[i][:k], values[i][:k]))
-        entry[target] = chosen_lp[i]
-        dicts.append(entry)
-    return dicts
+    return [dict(zip(ids[i][:k], values[i][:k])) | {target: chosen_lp[i]}
+            for i, (target, k) in enumerate(zip(targets.tolist(), ks))]

@@ -79,14 +79,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        return self._observed(self._schedule)
-
-    def _observed(self, make: Callable[[], SchedulerOutput]) -> SchedulerOutput:
-        if self.on_schedule is None:
-            return make()
-        waiting = list(self.waiting)
-        out = make()
-        self.on_schedule(self, out, waiting)
+        waiting = list(self.waiting) if self.on_schedule is not None else []
+        out = self._schedule()
+        if self.on_schedule is not None:
+            self.on_schedule(self, out, waiting)
         return out
 
     def _schedule(self) -> SchedulerOutput:
@@ -94,11 +90,10 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
-            if seq.prefill_after is not None:  # a sample of n: its prompt blocks come from the first's prefill
-                first = seq.prefill_after
-                if not first.is_finished and first.num_computed_tokens < first.num_prompt_tokens:
-                    break
-                seq.prefill_after = None
+            first = seq.prefill_after  # a sample of n: its prompt blocks come from the first's prefill
+            if first is not None and not first.is_finished and first.num_computed_tokens < first.num_prompt_tokens:
+                break
+            seq.prefill_after = None
             cached = self.block_manager.find_cached_prefix(seq)
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, num_new, cached):
@@ -122,19 +117,16 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
-        running, scheduled = self.running, out.scheduled
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        for seq in self.running:  # (_make_room pops preempted ones off the end: the loop stops before them)
+            if budget <= 0:
+                break
             if seq.num_pending and seq.num_tokens >= seq.max_num_tokens:
-                i += 1  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
-                continue
+                continue  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs
-            scheduled.append((seq, num_new))
+            out.scheduled.append((seq, num_new))
             budget -= num_new
-            i += 1
         return budget
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
@@ -174,26 +166,17 @@ class Scheduler:
                 continue
             seq.token_ids.append(token)
             seq.num_pending -= out.advanced
-            reason = self._finish_reason(seq, token)
+            reason = "stop" if token in seq.stop_ids else "length" if len(seq.token_ids) >= seq.max_num_tokens else None
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)
         return finished
 
-    @staticmethod
-    def _finish_reason(seq: Sequence, token: int) -> str | None:
-        if token in seq.stop_ids:
-            return "stop"
-        return "length" if len(seq.token_ids) >= seq.max_num_tokens else None
-
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is (running or waiting) and free its blocks; a no-op if it already ended."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+        (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
         self.block_manager.free(seq)
         seq.num_pending = 0  # its step in flight failed or was aborted: that token never comes
         seq.status = SequenceStatus.FINISHED

@@ -7,6 +7,7 @@ prefill, decode and recompute after preemption differ only in how many new token
 from __future__ import annotations
 
 import itertools
+from array import array
 from enum import Enum
 
 from ..sampling_params import ProcessedRow, SamplingParams
@@ -20,12 +21,6 @@ class SequenceStatus(Enum):
 
 class Sequence:
     _ids = itertools.count()
-    # slots: the decode hot path writes num_computed_tokens of every running sequence each step
-    __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "seed", "status",
-                 "num_computed_tokens", "num_pending", "num_cached_tokens", "num_preemptions", "block_table",
-                 "block_hashes", "stop_ids", "max_num_tokens", "sampling_row", "finish_reason", "error", "logprobs",
-                 "prompt_logprobs", "needs_processing", "detokenizer", "stop_reason", "prefill_after", "group")
-
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> None:
         self.seq_id = next(Sequence._ids)  # also the arrival order
         self.request_id = request_id
@@ -40,7 +35,7 @@ class Sequence:
         self.num_pending = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0
-        self.block_table: list[int] = []
+        self.block_table = array("i")  # an array: a step's tables join as one buffer (inputs.py)
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks, in order
         # What the per-step loops need, computed once: the tokens that end the request (the scheduler adds
         # eos) and its length limit (capped by max_model_len there), and this request's sampling row.
@@ -89,5 +84,5 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence(id={self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+            f"computed={self.num_computed_tokens}, blocks={self.block_table.tolist()})"
         )

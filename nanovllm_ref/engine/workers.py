@@ -19,6 +19,7 @@ import pickle
 import socket
 import time
 import traceback
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -83,8 +84,8 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
             command, payload = message
             if command == "launch":  # queue a step; input ids may be an earlier one's tokens
-                step, key, prev_key, rows, dst = payload
-                launched[key] = runner.launch(step, launched.get(prev_key), rows, dst)
+                step, key, prev_key = payload
+                launched[key] = runner.launch(step, launched.get(prev_key))
             else:  # collect: rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
@@ -92,10 +93,8 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
     except (KeyboardInterrupt, EOFError):
         pass
     except BaseException as e:
-        try:
+        with suppress(Exception):  # (the caller may be gone)
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
-        except Exception:
-            pass
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -139,20 +138,16 @@ class TPExecutor:
                 late = min(set(ranks) - set(replies))
                 self._fail(f"tensor-parallel worker rank {late} did not answer within {timeout_s:.0f} s")
             for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
-                if conn in ready or proc.sentinel in ready:  # (a reply is read before the death that may follow)
-                    kind, payload = self._take(conn) if conn in ready else ("died", None)
+                if conn in ready or proc.sentinel in ready:
+                    kind, payload = "died", None  # (its sentinel, or its end of the pipe closed: the process is gone)
+                    with suppress(EOFError, OSError):
+                        if conn in ready:  # (a reply is read before the death that may follow)
+                            kind, payload = conn.recv()
                     if kind in ("died", "error"):
                         why = f"failed: {payload}" if kind == "error" else f"died (exit code {proc.exitcode})"
                         self._fail(f"tensor-parallel worker rank {rank} {why}")
                     replies[rank] = payload
         return [replies[r] for r in ranks]
-
-    @staticmethod
-    def _take(conn: Connection) -> tuple[str, Any]:
-        try:
-            return conn.recv()
-        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
-            return "died", None
 
     def _fail(self, message: str) -> None:
         """Raise `message`, led by the root cause when it is another worker's death (its peers then fail
@@ -173,12 +168,11 @@ class TPExecutor:
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
-    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: list[int] | None = None,
-               dst: list[int] | None = None) -> TPLaunched:
+    def launch(self, step: StepInput, prev: TPLaunched | None = None) -> TPLaunched:
         """Every rank queues the step (ModelRunner.launch) and keeps it; input ids from `prev` (async scheduling) are
         its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
-        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows, dst)))
+        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key)))
         return TPLaunched(step, self._next_key)
 
     def collect(self, launched: TPLaunched) -> StepOutput:
@@ -192,10 +186,8 @@ class TPExecutor:
         self._closed = True
         if graceful:
             for conn in self.conns:
-                try:
+                with suppress(Exception):  # (a worker already gone)
                     conn.send_bytes(pickle.dumps(("exit", None)))
-                except Exception:
-                    pass
         for proc in self.procs:
             proc.join(timeout=10 if graceful else 0.5)
             if proc.is_alive():

@@ -31,11 +31,12 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     ahead = []
     original = ModelRunner.launch
 
-    def spy(self, step, prev=None, rows=None, dst=None):
-        dropped = prev is not None and len(rows) < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
-        ahead.append((prev is not None, dropped, max(map(len, step.block_tables)),
-                      dst is not None and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
-        return original(self, step, prev, rows, dst)
+    def spy(self, step, prev=None):
+        fed = prev is not None and bool(step.pending)  # input ids taken from `prev` on the device
+        dropped = fed and len(step.pending) < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
+        ahead.append((prev is not None, dropped, step.block_tables.shape[1],
+                      fed and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
+        return original(self, step, prev)
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch", spy)

@@ -4,6 +4,7 @@ definition (slot = block_table[p // block_size] * block_size + p % block_size) f
 from __future__ import annotations
 
 import pickle
+from array import array
 
 import numpy as np
 from hypothesis import given
@@ -28,7 +29,7 @@ def chunks(draw, block_size: int):
         end = draw(st.integers(start + 1, num_tokens))
         seq = Sequence("r", draw(st.lists(st.integers(0, 999), min_size=num_tokens, max_size=num_tokens)),
                        SamplingParams(max_tokens=1), seed=0)
-        seq.block_table, seq.num_computed_tokens = table, start
+        seq.block_table, seq.num_computed_tokens = array("i", table), start
         out.append((seq, end - start))
     return out
 
@@ -48,25 +49,20 @@ def test_token_columns_equal_per_token_definition(block_size, data):
     assert step.input_ids.tolist() == ids
     assert step.query_start_loc[-1] == len(ids) and step.pending == []
     for i, (seq, _) in enumerate(scheduled):
-        assert step.block_table_array[i, : len(seq.block_table)].tolist() == seq.block_table
+        assert step.block_tables[i, : len(seq.block_table)].tolist() == seq.block_table.tolist()
 
 
 @given(block_size=st.sampled_from([1, 16, 256]), data=st.data())
 def test_tensor_parallel_wire_keeps_every_field(block_size, data):
-    """A StepInput through pickle (workers.py sends one per step to every rank): the block tables arrive only as
-    their zero-padded array, every other field (token columns, per-row lists, their types) arrives unchanged, and
-    the step the caller keeps is not changed by being sent."""
+    """A StepInput through pickle (workers.py sends one per step to every rank): every field (token columns, the
+    zero-padded block tables, per-row lists, their types) arrives unchanged."""
     scheduled = data.draw(chunks(block_size))
     step = prepare_step(SchedulerOutput(scheduled=scheduled), block_size)
-    tables = [list(t) for t in step.block_tables]
     got = pickle.loads(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL))
-    assert got.block_tables == [] and step.block_tables == tables
-    assert np.array_equal(got.padded_block_tables(), step.padded_block_tables())
-    for i, table in enumerate(tables):
-        assert got.padded_block_tables()[i, : len(table)].tolist() == table
+    for i, (seq, _) in enumerate(scheduled):
+        assert got.block_tables[i, : len(seq.block_table)].tolist() == seq.block_table.tolist()
+        assert not got.block_tables[i, len(seq.block_table) :].any()
     for name in step.__dataclass_fields__:
-        if name in ("block_tables", "block_table_array"):
-            continue
         mine, theirs = getattr(step, name), getattr(got, name)
         assert type(mine) is type(theirs), name
         assert (np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs), name

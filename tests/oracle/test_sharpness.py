@@ -198,7 +198,7 @@ def stale_block_table(mp):
     orig = Scheduler._preempt
 
     def buggy(self, seq):
-        table = list(seq.block_table)
+        table = seq.block_table[:]  # (a copy, of the same type)
         orig(self, seq)
         seq.block_table = table
     mp.setattr(Scheduler, "_preempt", buggy)

@@ -70,12 +70,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
               f"allocate({num_new} tokens, {len(cached)} cached) returned {ok}; the model predicts "
               f"{'success' if take is not None else 'failure'} with {model.num_free} free blocks")
         if not ok:
-            check(self._snapshot() == before and seq.block_table == old_table
+            check(self._snapshot() == before and seq.block_table.tolist() == old_table
                   and seq.num_computed_tokens == old_computed, "allocate", "a failed allocate changed state")
             return False
         n_old = len(old_table)
-        check(seq.block_table[:n_old] == old_table and seq.block_table[n_old : n_old + len(cached)] == cached,
-              "allocate", f"block table {seq.block_table} does not extend {old_table} with cached {cached}")
+        table = seq.block_table.tolist()
+        check(table[:n_old] == old_table and table[n_old : n_old + len(cached)] == cached,
+              "allocate", f"block table {seq.block_table.tolist()} does not extend {old_table} with cached {cached}")
         new_blocks = seq.block_table[n_old + len(cached) :]
         check(len(new_blocks) == take, "allocate", f"took {len(new_blocks)} new blocks, want {take}")
         model.revive(cached)
@@ -146,7 +147,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         table = list(lv.seq.block_table)
         self.bm.free(lv.seq)
         self.model.free(table)
-        check(lv.seq.block_table == [] and lv.seq.num_computed_tokens == 0, "free", "free left state on the seq")
+        check(not lv.seq.block_table and lv.seq.num_computed_tokens == 0, "free", "free left state on the seq")
         note(f"free {name(lv.seq)} (blocks {table})")
 
     @rule(num_blocks=st.integers(1, 4))

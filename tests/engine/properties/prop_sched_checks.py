@@ -51,7 +51,8 @@ def check_step_input(out: SchedulerOutput, step: StepInput, bs: int) -> None:
         check(list(step.input_ids[lo:hi]) == known, "slot-mapping", f"{name(seq)}: input ids {step.input_ids[lo:hi]}")
         check(list(step.slot_mapping[lo:hi]) == slots, "slot-mapping",
               f"{name(seq)}: slots {step.slot_mapping[lo:hi]}, want {slots}")
-        check(step.seq_lens[i] == start + n and step.block_tables[i] == seq.block_table, "slot-mapping",
+        table = seq.block_table.tolist()
+        check(step.seq_lens[i] == start + n and step.block_tables[i, : len(table)].tolist() == table, "slot-mapping",
               f"{name(seq)}: seq_len {step.seq_lens[i]}, want {start + n}")
     samplers = [seq for seq, n in out.scheduled if out.samples(seq, n)]
     check(step.sample_seq_ids == [q.seq_id for q in samplers], "slot-mapping",

@@ -50,7 +50,8 @@ def test_invariant_bites_refcount(monkeypatch: pytest.MonkeyPatch) -> None:
                 self.free_queue[block_id] = None
                 if block.hash is None:
                     self.free_queue.move_to_end(block_id, last=False)
-        seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
+        del seq.block_table[:]
+        seq.block_hashes, seq.num_computed_tokens = [], 0
 
     assert_bites(BlockManagerMachine, "refcount")
 

@@ -16,8 +16,8 @@ import torch
 
 from ..attention import AttentionMetadata, forward_context, get_backend_class
 from ..config import ModelConfig, RunnerSpec
-from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank, tp_size
-from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint, rank_kv_heads
+from ..distributed import all_reduce_min, broadcast_from_first_rank, rank_kv_heads, tp_rank, tp_size
+from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
@@ -154,10 +154,9 @@ class ModelRunner:
 
     def _set_kv_scales(self) -> None:
         """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
-        first = self.attn_layers[0].backend
         total = self.model_config.num_key_value_heads
         scales = kv_scales_from_checkpoint(self.spec.config.model, len(self.attn_layers), total)
-        heads = rank_kv_heads(total, first.num_kv_heads, tp_rank(), tp_size())
+        heads = rank_kv_heads(self.model_config.num_attention_heads, total, tp_rank(), tp_size())
         self.kv_scales = scales[:, :, heads].to(self.device)  # (num_layers, 2, local kv_heads)
         for i, layer in enumerate(self.attn_layers):
             layer.backend.kv_scales = self.kv_scales[i]

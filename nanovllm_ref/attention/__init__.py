@@ -27,11 +27,7 @@ def resolve_backend_name(name: str, device: str, block_size: int = 16, batch_inv
     return name
 
 
-def get_backend_class(name: str) -> type[AttentionBackend]:
-    return BACKENDS[name]
-
-
 __all__ = [
-    "AttentionBackend", "AttentionMetadata", "TorchBackend", "forward_context", "get_forward_context",
-    "get_backend_class", "resolve_backend_name",
+    "BACKENDS", "AttentionBackend", "AttentionMetadata", "TorchBackend", "forward_context", "get_forward_context",
+    "resolve_backend_name",
 ]

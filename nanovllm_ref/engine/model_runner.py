@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attention import AttentionMetadata, forward_context, get_backend_class
+from ..attention import BACKENDS, AttentionMetadata, forward_context
 from ..config import ModelConfig, RunnerSpec
 from ..distributed import all_reduce_min, broadcast_from_first_rank, rank_kv_heads, tp_rank, tp_size
 from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint
@@ -87,7 +87,7 @@ class ModelRunner:
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
-        backend_cls = get_backend_class(spec.backend)
+        backend_cls = BACKENDS[spec.backend]
         backend_cls.check_supported(spec.device, self.block_size, model_config.head_dim)
         if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
             raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")

@@ -184,9 +184,7 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
     if window and max_model_len > window:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
-    backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size)
-    if config.batch_invariant and config.attention_backend == "auto":
-        backend = "torch" if device == "cpu" else "triton"
+    backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size, config.batch_invariant)
     return RunnerSpec(
         config, device, dtype, kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
         backend=backend, max_model_len=max_model_len,

@@ -55,3 +55,15 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator:
         raise ValueError(f"{what} ({numerator}) is not divisible by tensor_parallel_size ({denominator})")
     return numerator // denominator
+
+
+def rank_kv_heads(num_heads: int, num_kv_heads: int, rank: int, tp: int) -> list[int]:
+    """The KV heads a tensor-parallel rank holds (layers/linear.py, QKVParallelLinear): consecutive ones; when there
+    are fewer KV heads than ranks, each is replicated on tp // num_kv_heads consecutive ranks (those whose query
+    heads read it). A head count that does not split so is a ValueError naming tensor_parallel_size."""
+    if num_heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide num_attention_heads={num_heads}")
+    if num_kv_heads % tp and tp % num_kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} and num_key_value_heads={num_kv_heads}: one must divide the other")
+    first = rank * num_kv_heads // tp
+    return list(range(first, first + max(1, num_kv_heads // tp)))

@@ -14,22 +14,20 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
-def resolve_backend_name(name: str, device: str, block_size: int = 16) -> str:
-    """"auto": sdpa on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton."""
+def resolve_backend_name(name: str, device: str, block_size: int = 16, batch_invariant: bool = False) -> str:
+    """"auto": sdpa on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton. In
+    batch-invariant mode "auto" is the fixed-order path of the device: torch on the CPU, triton on CUDA."""
     if name == "auto":
         if device == "cpu":
-            return "sdpa"
-        return "flash-attn" if fa.flash_attn_available() and block_size % fa.PAGE_MULTIPLE == 0 else "triton"
+            return "torch" if batch_invariant else "sdpa"
+        fa_fits = fa.flash_attn_available() and block_size % fa.PAGE_MULTIPLE == 0
+        return "flash-attn" if fa_fits and not batch_invariant else "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
     return name
 
 
-def get_backend_class(name: str) -> type[AttentionBackend]:
-    return BACKENDS[name]
-
-
 __all__ = [
-    "AttentionBackend", "AttentionMetadata", "TorchBackend", "forward_context", "get_forward_context",
-    "get_backend_class", "resolve_backend_name",
+    "BACKENDS", "AttentionBackend", "AttentionMetadata", "TorchBackend", "forward_context", "get_forward_context",
+    "resolve_backend_name",
 ]

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attention import AttentionMetadata, forward_context, get_backend_class
+from ..attention import BACKENDS, AttentionMetadata, forward_context
 from ..config import ModelConfig, RunnerSpec
-from ..distributed import all_reduce_min, broadcast_from_first_rank, tp_rank, tp_size
-from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint, rank_kv_heads
+from ..distributed import all_reduce_min, broadcast_from_first_rank, rank_kv_heads, tp_rank, tp_size
+from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
@@ -87,7 +87,7 @@ class ModelRunner:
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
-        backend_cls = get_backend_class(spec.backend)
+        backend_cls = BACKENDS[spec.backend]
         backend_cls.check_supported(spec.device, self.block_size, model_config.head_dim)
         if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
             raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")
@@ -154,10 +154,9 @@ class ModelRunner:
 
     def _set_kv_scales(self) -> None:
         """Each layer's (2, kv_heads) fp8 scales, this rank's heads of the checkpoint's (kernels/kv_quant.py)."""
-        first = self.attn_layers[0].backend
         total = self.model_config.num_key_value_heads
         scales = kv_scales_from_checkpoint(self.spec.config.model, len(self.attn_layers), total)
-        heads = rank_kv_heads(total, first.num_kv_heads, tp_rank(), tp_size())
+        heads = rank_kv_heads(self.model_config.num_attention_heads, total, tp_rank(), tp_size())
         self.kv_scales = scales[:, :, heads].to(self.device)  # (num_layers, 2, local kv_heads)
         for i, layer in enumerate(self.attn_layers):
             layer.backend.kv_scales = self.kv_scales[i]

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig, RunnerSpec
+from ..distributed import rank_kv_heads
 from .inputs import StepInput
 from .model_runner import Launched, ModelRunner, StepOutput
 
@@ -60,11 +61,7 @@ def worker_context(spec: RunnerSpec) -> Any:
 
 
 def check_tp_size(model_config: ModelConfig, tp: int, device: str) -> None:
-    heads, kv_heads = model_config.num_attention_heads, model_config.num_key_value_heads
-    if heads % tp:
-        raise ValueError(f"tensor_parallel_size={tp} must divide num_attention_heads={heads}")
-    if kv_heads % tp and tp % kv_heads:
-        raise ValueError(f"tensor_parallel_size={tp} and num_key_value_heads={kv_heads}: one must divide the other")
+    rank_kv_heads(model_config.num_attention_heads, model_config.num_key_value_heads, 0, tp)  # (raises if unsplittable)
     if device == "cuda" and tp > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible GPUs")
 

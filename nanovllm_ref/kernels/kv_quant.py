@@ -63,11 +63,3 @@ def kv_scales_from_checkpoint(path: str, num_layers: int, num_kv_heads: int) -> 
                                      f"one per KV head ({num_kv_heads}), got {t.tolist()}")
                 scales[int(m[1]), "kv".index(m[2])] = t
     return scales
-
-
-
-def rank_kv_heads(total: int, local: int, rank: int, tp: int) -> list[int]:
-    """The `local` KV heads a tensor-parallel rank holds: consecutive ones, each replicated on tp * local // total
-    ranks when there are fewer KV heads than ranks (layers/linear.py, QKVParallelLinear's weight_loader)."""
-    first = rank // (tp * local // total) * local
-    return list(range(first, first + local))

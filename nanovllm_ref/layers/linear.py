@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import all_reduce, divide, tp_rank, tp_size
+from ..distributed import all_reduce, divide, rank_kv_heads, tp_rank, tp_size
 from ..kernels.matmul import batch_invariant_linear
 
 
@@ -80,10 +80,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
         tp = tp_size()
-        self.num_heads = divide(num_heads, tp, "num_attention_heads")
-        replicas = 1 if num_kv_heads >= tp else divide(tp, num_kv_heads, "tensor_parallel_size vs num_key_value_heads")
-        self.num_kv_heads = divide(num_kv_heads * replicas, tp, "num_key_value_heads")
-        kv = (num_kv_heads * head_dim, replicas)
+        self.num_heads, self.num_kv_heads = num_heads // tp, len(rank_kv_heads(num_heads, num_kv_heads, tp_rank(), tp))
+        kv = (num_kv_heads * head_dim, tp * self.num_kv_heads // num_kv_heads)  # (ranks sharing a KV head)
         super().__init__(hidden, {"q": (num_heads * head_dim, 1), "k": kv, "v": kv}, bias)
 
 

@@ -17,7 +17,7 @@ import types
 import pytest
 import torch
 
-from nanovllm_ref.attention import AttentionMetadata, get_backend_class, resolve_backend_name
+from nanovllm_ref.attention import BACKENDS, AttentionMetadata, resolve_backend_name
 from nanovllm_ref.attention.flash_attn_backend import FlashAttnBackend
 from nanovllm_ref.attention.torch_backend import TorchBackend
 from nanovllm_ref.testing.strategies import make_paged_batch
@@ -98,7 +98,7 @@ def test_flash_attn_is_chosen_only_when_it_imports_and_fits(monkeypatch):
     assert resolve_backend_name("auto", "cuda", 256) == "flash-attn"
     assert resolve_backend_name("auto", "cuda", 16) == "triton"  # FA2's pages are multiples of 256 tokens
     assert resolve_backend_name("auto", "cpu", 256) == "sdpa"
-    assert get_backend_class("flash-attn") is FlashAttnBackend
+    assert BACKENDS["flash-attn"] is FlashAttnBackend
     monkeypatch.setattr("nanovllm_ref.attention.flash_attn_backend.flash_attn_available", lambda: False)
     assert resolve_backend_name("auto", "cuda", 256) == "triton"
 

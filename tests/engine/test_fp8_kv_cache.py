@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.config import Config
-from nanovllm_ref.kernels.kv_quant import kv_scales_from_checkpoint, rank_kv_heads
+from nanovllm_ref.distributed import rank_kv_heads
+from nanovllm_ref.kernels.kv_quant import kv_scales_from_checkpoint
 from nanovllm_ref.oracle.fp8_kv import scaled_checkpoint
 
 from ..conftest import checkpoint_path
@@ -61,8 +62,10 @@ def test_checkpoint_scales_and_default(scaled, tmp_path):
 
 
 def test_rank_heads_follow_the_qkv_split():
-    assert rank_kv_heads(8, 4, 1, 2) == [4, 5, 6, 7]
-    assert [rank_kv_heads(2, 1, r, 4) for r in range(4)] == [[0], [0], [1], [1]]  # replicated KV heads
+    assert rank_kv_heads(16, 8, 1, 2) == [4, 5, 6, 7]
+    assert [rank_kv_heads(8, 2, r, 4) for r in range(4)] == [[0], [0], [1], [1]]  # replicated KV heads
+    with pytest.raises(ValueError, match="num_key_value_heads=3: one must divide the other"):
+        rank_kv_heads(12, 3, 0, 2)
 
 
 def test_fp8_cache_holds_twice_the_blocks_of_bf16():

@@ -291,16 +291,13 @@ class LLMEngine:
         """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
         the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
         one `step` just returned."""
-        if seq.is_finished:
-            self._text(seq)
-        else:
-            feed(seq)
-        return "" if seq.detokenizer is None else seq.detokenizer.stream()
+        feed(seq)
+        return "" if seq.detokenizer is None else seq.detokenizer.stream(seq.is_finished)
 
     def _text(self, seq: Sequence) -> str:
         """The sample's final text (no tokenizer: no text, token ids only, as vLLM)."""
         feed(seq)
-        return "" if seq.detokenizer is None else seq.detokenizer.finish()
+        return "" if seq.detokenizer is None else seq.detokenizer.text
 
     def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:
         """Whether ending on `token` reports it as the stop reason: a stop token id, or an EOS id other than the

@@ -94,7 +94,6 @@ class IncrementalDetokenizer:
         self.hold = max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
         self.streamed = 0
         self.stopped = False  # a stop string ended the text
-        self.finished = False
 
     def _new_stream(self) -> Any:
         if self.backend is None:
@@ -130,7 +129,7 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int], stop_terminated: bool = False) -> str | None:
         """Feed output tokens (`stop_terminated`: the last one is the stop token that ended the sequence); returns
         the stop string that ended the text (nothing is added after it), or None."""
-        if self.stopped or self.finished or not token_ids:
+        if self.stopped or not token_ids:
             return None
         skipped = stop_terminated and not self.include_stop
         tokens = token_ids[:-1] if skipped else token_ids
@@ -153,14 +152,10 @@ class IncrementalDetokenizer:
         self.stopped = True
         return s
 
-    def finish(self) -> str:
-        """The sequence ended: the final text (stream() then hands out the rest)."""
-        self.finished = True
-        return self.text
-
-    def stream(self) -> str:
-        """The next piece of text that can no longer change (all the rest once finished or stopped)."""
-        end = len(self.text) if self.stopped or self.finished else max(self.streamed, len(self.text) - self.hold)
+    def stream(self, finished: bool = False) -> str:
+        """The next piece of text that can no longer change (all the rest once the sequence `finished` or a stop
+        string ended the text)."""
+        end = len(self.text) if self.stopped or finished else max(self.streamed, len(self.text) - self.hold)
         piece, self.streamed = self.text[self.streamed : end], end
         return piece
 

@@ -77,7 +77,8 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
             _add_prompt_logprobs(step, seq, start, end, step.query_start_loc[-2])
         if out.samples(seq, num_new):
             if seq.needs_processing:
-                step.processed.append(seq.processed_row(len(sampling_rows)))
+                step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids, seq.num_prompt_tokens,
+                                                   seq.stop_ids, seq.seq_id))
             sampling_rows.append(seq.sampling_row + (len(step.logits_indices), end))
             step.logits_indices.append(len(input_ids) - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence

@@ -273,7 +273,8 @@ class LLMEngine:
         samples = []
         for i, s in enumerate(group):
             tokens = s.output_token_ids
-            text = self._text(s)  # (before a stop token becomes the stop_reason: its text is left out)
+            feed(s)  # (before a stop token becomes the stop_reason: its text is left out)
+            text = "" if s.detokenizer is None else s.detokenizer.text  # (no tokenizer: token ids only, as vLLM)
             if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):
                 s.stop_reason = tokens[-1]
             samples.append(CompletionOutput(i, tokens, text, s.finish_reason, s.stop_reason, s.logprobs,
@@ -291,16 +292,8 @@ class LLMEngine:
         """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
         the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
         one `step` just returned."""
-        if seq.is_finished:
-            self._text(seq)
-        else:
-            feed(seq)
-        return "" if seq.detokenizer is None else seq.detokenizer.stream()
-
-    def _text(self, seq: Sequence) -> str:
-        """The sample's final text (no tokenizer: no text, token ids only, as vLLM)."""
         feed(seq)
-        return "" if seq.detokenizer is None else seq.detokenizer.finish()
+        return "" if seq.detokenizer is None else seq.detokenizer.stream(seq.is_finished)
 
     def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:
         """Whether ending on `token` reports it as the stop reason: a stop token id, or an EOS id other than the

@@ -10,7 +10,7 @@ import itertools
 from array import array
 from enum import Enum
 
-from ..sampling_params import ProcessedRow, SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):
@@ -56,9 +56,6 @@ class Sequence:
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None
         )
-
-    def processed_row(self, row: int) -> ProcessedRow:
-        return ProcessedRow(row, self.params, self.token_ids, self.num_prompt_tokens, self.stop_ids, self.seq_id)
 
     @property
     def num_tokens(self) -> int:  # the tokens known and pending: the next position to compute is below it

@@ -32,13 +32,12 @@ from .sampler import SamplingBatch, apply_warpers
 def process_logits(logits: torch.Tensor, rows: list[ProcessedRow], batch: SamplingBatch,
                    penalties: PenaltyCounts | None = None) -> torch.Tensor:
     """(m, vocab) raw logits of `rows` -> (m, vocab) float32 processed scores (steps 1-5); `batch` holds the
-    rows' temperature, top_k and top_p (already indexed to `rows`)."""
+    rows' temperature, top_k and top_p (already indexed to `rows`; top-k and top-p skipped unless needs_filter)."""
     scores = logits.float().clone()
     _add_bias_and_min_tokens_mask(scores, rows)
     _apply_penalties(scores, rows, penalties or PenaltyCounts())
     min_p = torch.tensor([r.params.min_p for r in rows], device=scores.device)
-    filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)  # else skip the sort
-    return apply_warpers(scores, batch.temperature, batch.top_k if filters else None, batch.top_p,
+    return apply_warpers(scores, batch.temperature, batch.top_k if batch.needs_filter else None, batch.top_p,
                          min_p if any(r.params.min_p > 0 for r in rows) else None)
 
 
@@ -49,8 +48,9 @@ def sample_processed(
     """Sample `rows` of `logits` (n, vocab) on the torch path, writing their tokens into `packed` (2, n) (the fused
     sampler's output; its finite flags, of the raw logits, stay). Returns (row indices (m,), processed scores)."""
     idx = torch.tensor([r.row for r in rows], device=logits.device)
+    filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)  # else the warpers skip the sort
     sub = SamplingBatch(batch.temperature[idx], batch.top_k[idx], batch.top_p[idx], batch.seeds[idx],
-                        batch.counters[idx], needs_filter=True)
+                        batch.counters[idx], needs_filter=filters)
     scores = process_logits(logits[idx], rows, sub, penalties)
     # already scaled: temperature 1 for sampled rows, 0 (argmax) for greedy ones
     packed[0, idx] = gumbel_sample_reference(scores, (sub.temperature > 0).float(), sub.seeds, sub.counters)[0]

@@ -32,7 +32,7 @@ def words_llm():
 def _text(tok, prompt: list[int], output: list[int], **params) -> str:
     detok = IncrementalDetokenizer(tok, prompt, SamplingParams(**params))
     detok.add(output)
-    return detok.finish()
+    return detok.text
 
 
 def test_word_level_text_is_the_same_with_or_without_stop_strings_streamed_or_not(words_llm):
@@ -71,7 +71,7 @@ def test_a_stop_tokens_text_is_left_out_unless_include_stop_str(tokenizers, incl
     detok = IncrementalDetokenizer(tok, [5], SamplingParams(include_stop_str_in_output=include,
                                                             skip_special_tokens=False))
     detok.add(out + [0], stop_terminated=True)
-    assert detok.finish() == "x = 1\n" + ("<|endoftext|>" if include else "")
+    assert detok.text == "x = 1\n" + ("<|endoftext|>" if include else "")
 
 
 def test_stop_strings_count_only_after_min_tokens_and_may_begin_inside_them(tokenizers):
@@ -104,8 +104,7 @@ def test_stream_holds_back_a_possible_stop_string_then_hands_out_the_rest(tokeni
         detok.add([t])
         streamed += detok.stream()
         assert "abc STO and more".startswith(streamed) and len(detok.text) - len(streamed) <= 3
-    detok.finish()
-    assert streamed + detok.stream() == "abc STO and more"
+    assert streamed + detok.stream(finished=True) == "abc STO and more"
 
 
 def test_the_engine_reports_stop_reasons_as_vllm(words_llm):

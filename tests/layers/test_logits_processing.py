@@ -141,8 +141,7 @@ def test_detokenizer_streams_whole_characters_that_concatenate_to_the_text(token
         detok.add([t])
         pieces.append(detok.stream())
         assert "\ufffd" not in pieces[-1]
-    detok.finish()
-    pieces.append(detok.stream())
+    pieces.append(detok.stream(finished=True))
     assert "".join(pieces) == detok.text == tokenizer.decode(ids, skip_special_tokens=True)
 
 

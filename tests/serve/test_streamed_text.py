@@ -45,7 +45,7 @@ class _Engine:
 
     def output(self, ids: list[int]) -> RequestOutput:
         self.detok.add(ids[len(self.ids):])
-        text = self.detok.finish()
+        text = self.detok.text
         sample = CompletionOutput(0, list(ids), text, "stop" if self.params.stop else "length")
         return RequestOutput("r", PROMPT, list(ids), text, sample.finish_reason, outputs=[sample])
 

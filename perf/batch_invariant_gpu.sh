@@ -52,7 +52,8 @@ for m in $GOLDENS; do
    run "inv_$m" $C $INV $G --engine-arg batch_invariant=true --reference none) &
 done
 run inv_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k "not budget" &
-run inv_budget_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k budget &
+run inv_budget_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k "budget and not cached" &
+run inv_budget_cached_qwen3-0.6b $C $INV $Q6 --engine-arg batch_invariant=true -k "budget and cached" &
 (run default_qwen3-0.6b $C $INV $Q6 --invariance-trials 3 -x; run sc_qwen3-0.6b $C conformance/test_self_consistency.py $Q6;
  run sc_inv_qwen3-0.6b $C conformance/test_self_consistency.py $Q6 --engine-arg batch_invariant=true -s) &
 [ -z "${NO_GOLDENS:-}" ] && run default_qwen3-tiny $C $INV --invariance-trials 3 -x --model qwen3-tiny --engine-arg gpu_memory_utilization=0.025 &

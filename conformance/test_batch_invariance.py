@@ -6,9 +6,9 @@ vLLM's batch-invariance tests (tests/v1/determinism: a needle prompt alone vs at
 random position among fillers of other lengths (random token ids, 1-200 tokens) in batches of random sizes, with
 and without a cached shared prefix (the fillers and a warm-up request share the needle's first tokens, so a
 prefix cache serves them), under several prefill chunk budgets for engines that take ``max_num_batched_tokens``
-(each with and without the cached prefix), greedy and seeded sampling. The prefix cache is emptied before each run that a case compares (where the adapter
-has ``reset_prefix_cache``), so that only the shared-prefix case is served from it, and that case fails when the
-engine reports fewer cached tokens than the shared prefix.
+(each with and without the cached prefix), greedy and seeded sampling. The prefix cache is emptied before each
+run that a case compares (where the adapter has ``reset_prefix_cache``), so that only the shared-prefix cases are
+served from it, and such a case fails when the engine reports fewer cached tokens than the shared prefix.
 
 ``--invariance`` picks the verdict:
 

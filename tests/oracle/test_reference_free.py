@@ -32,5 +32,6 @@ def test_tolerance_invariance_and_self_consistency_pass_without_a_reference() ->
                      "conformance/test_golden.py", "--reference", "none", "--invariance-trials", "1", "-rs")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "--reference none: this module compares with a reference" in proc.stdout
-    # 2 greedy + 2 chunk budgets + 1 seeded invariance cases and the self-consistency check ran;
-    assert "6 passed, 2 skipped" in proc.stdout  # test_golden and test_golden_gpu skipped, proc.stdout[-3000:]
+    # 2 greedy + 2 chunk budgets x 2 (with and without the cached prefix) + 1 seeded invariance cases and the
+    # self-consistency check ran;
+    assert "8 passed, 2 skipped" in proc.stdout  # test_golden and test_golden_gpu skipped, proc.stdout[-3000:]

@@ -27,9 +27,10 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   queries keep float32 products). The K scale of the program's KV head is folded into the softmax scale
   and the V scale into the output, one multiply each instead of one per element (kernels/kv_quant.py). On sm_89+
   V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
-  warp and 32 keys when the batch gives every SM 8 programs, else two warps and 64 keys (decode_tile_config).
-- A tile config may ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the
-  MMA's 16 rows and the GQA group its 8 columns (BLOCK_G 8, not 16), half the MMAs and accumulator registers.
+  warp, 32 keys and transposed products, three buffers per load when the batch gives every SM 8 programs, else two
+  (decode_tile_config).
+- The fp8 tiles ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the MMA's 16
+  rows and the GQA group its 8 columns (BLOCK_G 8, not 16), half the MMAs and accumulator registers.
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any
   page size 16..256 works with the same tile; full tiles load without predicates, only the last is masked.
 Related designs: vLLM's Triton unified attention (`triton_unified_attention.py`, which also packs GQA heads
@@ -188,15 +189,15 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # (_triton_common.e4m3x4_to_f16): (64 keys, 2 warps, 6 stages) 109.4 / 120.0 / 88.4 us, (32, 1, 8) 104.6 / 114.2 / 97.9;
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
-# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed
-# products ("SWAP": True), compiled for sm_90 off-GPU by the GPU machine's triton 3.6 (perf.sass_report --swap; not
-# yet timed on a GPU): (32, 1, 8) 168 registers and no stack instead of 255 and 32 bytes, 542 loop instructions per
-# warp and tile instead of 714 (32 MMAs, not 64; 10 exponentials, not 18); (64, 2, 6) 182 registers instead of 238,
-# 535 instructions instead of 677. The bf16 cache's (64, 2, 4) tile gains nothing so: 739 instructions, not 633.
-FP8_DECODE_TILE = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 6}
-# One-warp programs (255 registers: 8 resident per SM) win once there are 8 programs per SM to fill them; with fewer
-# they leave SMs short of warps, and two warps per program win
-FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8}
+# shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed products
+# ("SWAP": True; triton 3.6 for sm_90, perf.sass_report --swap): (32, 1, 8) 168 registers and no stack instead of 255
+# and 32 bytes, 542 loop instructions per warp and tile instead of 714 (32 MMAs, not 64). H100, the same steps, one
+# call: (32, 1, 8) swapped 117.4 / 130.2 / 105.1 us, (32, 1, 6) swapped 114.7 / 133.6 / 102.4, against the unswapped
+# tiles below 121.4 / 136.6 / 109.7 (64, 2, 4 and 64, 2, 6 swapped: 123.6-142.1). The bf16 cache's (64, 2, 4) tile
+# gains nothing so: 739 instructions, not 633. Not yet re-timed on an H200.
+FP8_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 6, "SWAP": True}
+# More programs per SM (the first decode steps of a large batch): three buffers per load win over two
+FP8_DECODE_TILE_WIDE = {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8, "SWAP": True}
 FP8_WIDE_PROGRAMS_PER_SM = 8
 
 

@@ -149,7 +149,8 @@ def test_decode_swapped_products(fp8, monkeypatch):
 
 
 def test_decode_fp8_tile_choice():
-    """One-warp fp8 tiles once the batch gives every SM 8 programs; the bf16 cache's tile does not depend on it."""
+    """The fp8 tile with three buffers per load once the batch gives every SM 8 programs; the bf16 cache's tile does not
+    depend on it."""
     from nanovllm_ref.kernels import decode_attention as da
 
     def cfg(fp8, per_sm):

@@ -1,10 +1,14 @@
-"""Where in the headline run the GPU idles: `python -m perf.idle_timeline [--sync-scheduling]` (needs CUDA).
+"""Where in the headline run the GPU idles and what it runs: `python -m perf.idle_timeline [--sync-scheduling]
+[--kv-cache-dtype fp8]` (needs CUDA).
 
 One greedy headline run (after an unprofiled one) under the torch profiler, CUDA activity only: every kernel and
 copy, also inside CUDA-graph replays. The run is cut into 20 equal windows of device time; for each, the share of
 time some kernel or copy ran (the union of their intervals) and the running sequences then (from the host's step
 log, mapped onto the device timeline by the first and last kernel). Also the busy share of the whole run and its
-idle time: what host work not hidden behind the device costs the workload.
+idle time: what host work not hidden behind the device costs the workload. Last, the run's kernel time by class
+(perf/step_trace.py's names; the LM head and sampler count as GEMMs / other here) in prefill (up to the step after
+the first one that leaves nothing waiting: a prompt's last chunk may run in it) and in decode, with each class's
+share of the run's wall time.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import torch
 
 from nanovllm_ref.testing.bench import workloads
 from nanovllm_ref.testing.bench.runner import build_llm, run_throughput, warmup
+
+from .step_trace import classify
 
 WINDOWS = 20
 
@@ -38,19 +44,40 @@ def busy_intervals(trace_path: str) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
+def kernel_classes(trace_path: str) -> list[tuple[float, float, str]]:
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    return [(e["ts"], e["dur"], classify(e.get("name", ""), [])) for e in events
+            if e.get("cat") == "kernel" and "dur" in e]
+
+
+def print_classes(kernels: list[tuple[float, float, str]], split: float, wall_s: float) -> None:
+    """Kernel time per class before and after `split` (device time, us), against the run's wall time."""
+    table: dict[str, list[float]] = {}
+    for ts, dur, cls in kernels:
+        table.setdefault(cls, [0.0, 0.0])[ts >= split] += dur
+    print("| kernel class | prefill steps (ms) | decode steps (ms) | share of the run's wall time |")
+    print("| --- | --- | --- | --- |")
+    for cls, (a, b) in sorted(table.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {cls} | {a / 1e3:.1f} | {b / 1e3:.1f} | {(a + b) / 1e6 / wall_s:.1%} |")
+
+
 def main() -> None:
     sync_sched = "--sync-scheduling" in sys.argv
-    llm = build_llm("qwen3-0.6b", async_scheduling=not sync_sched)
+    extra = {}
+    if "--kv-cache-dtype" in sys.argv:
+        extra["kv_cache_dtype"] = sys.argv[sys.argv.index("--kv-cache-dtype") + 1]
+    llm = build_llm("qwen3-0.6b", async_scheduling=not sync_sched, **extra)
     warmup(llm)
     work = dataclasses.replace(workloads.headline(), temperature=0.0)
     run_throughput(llm, work)  # warm: the profiled run is the second
-    log: list[tuple[float, int]] = []
+    log: list[tuple[float, int, int]] = []
     engine = llm.engine
     step = engine.step
 
     def logged_step():
         out = step()
-        log.append((time.perf_counter(), len(engine.scheduler.running)))
+        log.append((time.perf_counter(), len(engine.scheduler.running), len(engine.scheduler.waiting)))
         return out
 
     engine.step = logged_step
@@ -73,9 +100,14 @@ def main() -> None:
         a, b = t0 + w * width, t0 + (w + 1) * width
         on = sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans if e > a and s < b)
         ha, hb = h0 + (h1 - h0) * w / WINDOWS, h0 + (h1 - h0) * (w + 1) / WINDOWS
-        running = [n for t, n in log if ha <= t < hb]
+        running = [n for t, n, _ in log if ha <= t < hb]
         rng = f"{max(running)}-{min(running)}" if running else "-"
         print(f"| {w} | {width / 1e3:.0f} | {on / width:.1%} | {(width - on) / 1e3:.1f} | {rng} | {len(running)} |")
+    # on the device timeline, the end of the step after the first one that left nothing waiting
+    drained = next((i for i, (_, _, waiting) in enumerate(log) if waiting == 0), len(log) - 1)
+    end = log[min(drained + 1, len(log) - 1)][0]
+    split = t0 + (t1 - t0) * (end - h0) / max(h1 - h0, 1e-9)
+    print_classes(kernel_classes(path), split, res.wall_s)
 
 
 if __name__ == "__main__":

@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=20, help="steps between those and the decode window")
     p.add_argument("--window", type=int, default=30, help="steady decode steps timed and profiled")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8")
     p.add_argument("--throughput", default="", help="also time the whole workload at these temperatures, e.g. 0,0.6")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         w = w.with_temperature(args.temperature)
     shape = ModelShape.from_config(read_config(model_folder(args.arch)))
     ceilings = measure_ceilings("cuda")
-    llm = build_llm(args.arch, enforce_eager=args.enforce_eager)
+    llm = build_llm(args.arch, enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
     warmup(llm)
     restore = _instrument(llm)
     phases = HostPhases(llm)  # host phases are timed in the unprofiled pass only
@@ -266,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     window = list(range(first, first + args.window - 1))
     info = prof["steps"][first]
     parts = breakdown(kernels, window)
-    bounds = decode_bounds(shape, info["running"], info["context"], ceilings.copy_gbps)
+    kv_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else 2
+    bounds = decode_bounds(shape, info["running"], info["context"], ceilings.copy_gbps, kv_bytes)
     print_table(f"steady decode ({info['running']} running, context {info['context']} tokens in all)", parts,
                 plain["window_ms"], bounds)
     host = phases.per_step_us(args.window)

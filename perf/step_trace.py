@@ -113,13 +113,14 @@ def top_gaps(kernels: dict[int, list], steps: list[int], k: int = 8) -> list[tup
     return [(key, count[key] / n, us / n) for key, us in sorted(time_us.items(), key=lambda kv: -kv[1])[:k]]
 
 
-def decode_bounds(shape: ModelShape, batch: int, context: int, copy_gbps: float) -> dict[str, float]:
-    """Lower bounds (us) of a decode step's parts at the copy bandwidth: weights and the KV cache read once."""
+def decode_bounds(shape: ModelShape, batch: int, context: int, copy_gbps: float, kv_bytes: int = 2) -> dict[str, float]:
+    """Lower bounds (us) of a decode step's parts at the copy bandwidth: weights and the KV cache (`kv_bytes` per
+    element) read once."""
     bw = copy_gbps * 1e3  # bytes per us
     lm = shape.vocab_size * shape.hidden_size * 2
     return {"gemm": shape.num_layers * shape.layer_linear_params * 2 / bw, "lm_head": lm / bw,
-            "attention": context * shape.kv_bytes_per_token() / bw,
-            "kv store": batch * shape.kv_bytes_per_token() / bw}
+            "attention": context * shape.kv_bytes_per_token(kv_bytes) / bw,
+            "kv store": batch * shape.kv_bytes_per_token(kv_bytes) / bw}
 
 
 def prefill_bounds(shape: ModelShape, tokens: int, pairs: int, tflops: float) -> dict[str, float]:

@@ -9,6 +9,7 @@ table: us per call, GB/s of the KV bytes.
 
     python -m perf.fp8_decode_sweep --steps 0 320 640 --variants 0:64/2/4 1:32/1/4 2:32/1/4
     python -m perf.fp8_decode_sweep --variants --engine-tiles 32/1/4/s 64/2/6/s bf16:64/2/4/s --json rows.json
+    python -m perf.fp8_decode_sweep --variants t:16/1/4 t:16/1/6 --engine-tiles 32/1/6/s
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_mod
 
 def compiled_report() -> None:
     """Registers, spills and byte-wide shared-memory loads (the slow V read) of every compiled fp8 variant."""
-    from .fp8_decode_variants import decode_fp8_split_kernel
+    from .fp8_decode_variants import decode_fp8_split_kernel, decode_fp8_vt_split_kernel
 
-    for cache in getattr(decode_fp8_split_kernel, "device_caches", {}).values():
+    for cache in [*getattr(decode_fp8_split_kernel, "device_caches", {}).values(),
+                  *getattr(decode_fp8_vt_split_kernel, "device_caches", {}).values()]:
         for k in cache[0].values():
             ptx = k.asm.get("ptx", "")
             c = {n: getattr(k.metadata, n, None) for n in ("num_warps", "num_stages", "shared")}
@@ -65,7 +67,7 @@ def compiled_report() -> None:
 def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: list[tuple]) -> None:
     import triton.testing
 
-    from .fp8_decode_variants import decode_fp8_variant
+    from .fp8_decode_variants import decode_fp8_variant, decode_fp8_vt_variant, transpose_v_blocks
 
     q, bf, f8, scales, tables, seq_lens, order = headline_step(step)
     n, kv_tokens = q.shape[0], int(seq_lens.sum())
@@ -103,8 +105,18 @@ def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: li
                 tile_config=cfg, **kw), 1 if fp8 else 2, want if fp8 else want_bf)
         except Exception as e:  # a tile that does not compile (shared memory): say so, keep sweeping
             print(f"step {step} {name}: {type(e).__name__}: {str(e)[:120]}")
+    vt = transpose_v_blocks(f8[1]) if any(v.startswith("t:") for v in variants) else None
     for spec in variants:
         cvt, tile = spec.split(":")
+        if cvt == "t":  # V transposed within each cache block (decode_fp8_vt_variant)
+            bn, w, st = (int(x) for x in tile.split("/"))
+            cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            try:
+                timed(f"t:{tile}", lambda cfg=cfg: decode_fp8_vt_variant(q, f8[0], vt, tables, seq_lens, 128**-0.5,
+                                                                       scales, order=order, tile=cfg, **kw), 1, want)
+            except Exception as e:
+                print(f"step {step} t:{tile}: {type(e).__name__}: {str(e)[:120]}")
+            continue
         bn, w, st = (int(x) for x in tile.rstrip("p").split("/"))
         cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "CVT": int(cvt), "PAIRS": tile.endswith("p")}
         try:
@@ -118,7 +130,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 320, 640])
     ap.add_argument("--variants", nargs="*", default=VARIANTS,
-                    help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration")
+                    help="CVT:BLOCK_N/warps/stages, a trailing p: two tiles per iteration; t:BLOCK_N/warps/stages: V "
+                         "transposed in the cache blocks (decode_fp8_vt_variant)")
     ap.add_argument("--engine-tiles", nargs="*", default=[],
                     help="[bf16:]BLOCK_N/warps/stages[/rN][/s]: the engine's kernel at these tiles too, fp8 cache"
                          " unless bf16: (rN: maxnreg N; s: transposed products)")

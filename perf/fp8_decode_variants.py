@@ -11,6 +11,11 @@ becomes float16:
 - 2: K and V both so (no byte-wide shared loads; the loop's SASS shrinks from 1,108 to 621 instructions per warp
   and tile under triton 3.6, but the float16 staging adds shared memory and a barrier per tile).
 - 3: as 2, with bit moves instead of `cvt` (float16 holding value * 2^-8, undone in the scales).
+- t (`decode_fp8_vt_variant`): V stored transposed within each cache block, `(num_blocks, kv_heads, head_dim,
+  block_size)`, so that V's key axis is contiguous as the second product wants (the layout of vLLM's first paged
+  attention kernel): V then needs no float16 staging through shared memory and converts like K. Products transposed
+  as attend_tile's SWAP (keys on the MMA's 16-row side); one cache block per tile (BLOCK_N <= block_size), so
+  the tile's block-table entry is one scalar load.
 `PAIRS`: two tiles per loop iteration. Triton single-buffers each tile's async copy here (one shared-memory slot per
 load whatever num_stages), so a program has one tile of loads in flight while it computes; two tiles per iteration
 double the bytes in flight per program at the same occupancy.
@@ -168,6 +173,127 @@ if triton is not None:
             tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
             tl.store(part_ml_ptr + row * 2, m_i, mask=offs_g < group)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=offs_g < group)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _vt_tile(
+        acc, l_i, m_i,  # transposed running state: (BLOCK_D, BLOCK_G) f32, (BLOCK_G,) f32, (BLOCK_G,) f32
+        qt,  # (BLOCK_D, BLOCK_G) float16, zero in padded columns
+        k_base, vt_base, bt_row, n0, end, qk_scale, stride_cb, stride_cs, stride_vb, stride_vd,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+    ):
+        blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)  # the tile's one cache block
+        rows = tl.multiple_of(n0 % BLOCK_SIZE, BLOCK_N) + tl.arange(0, BLOCK_N)  # (BLOCK_N,) rows in the block
+        offs_d = tl.arange(0, BLOCK_D)
+        k_off = blk * stride_cb + rows[:, None] * stride_cs + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
+        vt_off = blk * stride_vb + offs_d[:, None] * stride_vd + rows[None, :]  # (BLOCK_D, BLOCK_N), keys contiguous
+        if MASKED:
+            n_mask = n0 + tl.arange(0, BLOCK_N) < end
+            k = tl.load(k_base + k_off, mask=n_mask[:, None], other=0.0)
+            vt = tl.load(vt_base + vt_off, mask=n_mask[None, :], other=0.0)
+        else:
+            k = tl.load(k_base + k_off)
+            vt = tl.load(vt_base + vt_off)
+        st = tl.dot(k.to(tl.float16), qt) * qk_scale  # (BLOCK_N, BLOCK_G) f32, log2 domain
+        if MASKED:
+            st = tl.where(n_mask[:, None], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        alpha = tl.exp2(m_i - m_new)
+        pt = tl.exp2(st - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(pt, 0)
+        return acc * alpha[None, :] + tl.dot(vt.to(tl.float16), pt.to(tl.float16)), l_i, m_new
+
+    @triton.jit
+    def decode_fp8_vt_split_kernel(
+        q_ptr, k_cache_ptr, vt_cache_ptr, block_tables_ptr, seq_lens_ptr, kv_scale_ptr, order_ptr, out_ptr,
+        part_acc_ptr, part_ml_ptr, qk_scale,
+        stride_qs, stride_qh, stride_os, stride_oh,
+        stride_cb, stride_cs, stride_ch,  # K cache (num_blocks, block_size, kv_heads, head_dim), unit last stride
+        stride_vb, stride_vh, stride_vd,  # V cache (num_blocks, kv_heads, head_dim, block_size), unit last stride
+        stride_bt, group, num_kv_heads, num_splits,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+        DIRECT_OUT: tl.constexpr, HAS_ORDER: tl.constexpr,
+    ):
+        pid = tl.program_id(0)  # split fastest, then KV head, then sequence (see _decode_split_kernel)
+        split = pid % num_splits
+        kvh = (pid // num_splits) % num_kv_heads
+        seq = pid // (num_splits * num_kv_heads)
+        if HAS_ORDER:
+            seq = tl.load(order_ptr + seq).to(tl.int32)
+        seq_len = tl.load(seq_lens_ptr + seq)
+        qk_scale = qk_scale * tl.load(kv_scale_ptr + kvh)
+        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        offs_g, offs_d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
+        heads = kvh * group + offs_g
+        mask_t = (offs_d < BLOCK_D)[:, None] & (offs_g < group)[None, :]  # (BLOCK_D, BLOCK_G)
+        qt = tl.load(q_ptr + seq.to(tl.int64) * stride_qs + heads[None, :] * stride_qh + offs_d[:, None],
+                     mask=mask_t, other=0.0).to(tl.float16)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)
+        k_base = k_cache_ptr + kvh * stride_ch
+        vt_base = vt_cache_ptr + kvh * stride_vh
+        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for n0 in range(start, full_end, BLOCK_N):
+            acc, l_i, m_i = _vt_tile(acc, l_i, m_i, qt, k_base, vt_base, bt_row, n0, end, qk_scale, stride_cb,
+                                     stride_cs, stride_vb, stride_vd, BLOCK_SIZE, BLOCK_N, BLOCK_D, False)
+        if full_end < end:
+            acc, l_i, m_i = _vt_tile(acc, l_i, m_i, qt, k_base, vt_base, bt_row, full_end, end, qk_scale, stride_cb,
+                                     stride_cs, stride_vb, stride_vd, BLOCK_SIZE, BLOCK_N, BLOCK_D, True)
+        acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)
+        if DIRECT_OUT:
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[None, :]
+            o_off = seq.to(tl.int64) * stride_os + heads[None, :] * stride_oh + offs_d[:, None]
+            tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask_t)
+        else:
+            row = (seq.to(tl.int64) * (group * num_kv_heads) + heads) * num_splits + split  # (BLOCK_G,)
+            tl.store(part_acc_ptr + row[None, :] * BLOCK_D + offs_d[:, None], acc, mask=mask_t)
+            tl.store(part_ml_ptr + row * 2, m_i, mask=offs_g < group)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=offs_g < group)
+
+
+def transpose_v_blocks(v_cache):
+    """(num_blocks, block_size, kv_heads, head_dim) -> (num_blocks, kv_heads, head_dim, block_size), contiguous."""
+    return v_cache.permute(0, 2, 3, 1).contiguous()
+
+
+def decode_fp8_vt_variant(q, k_cache, vt_cache, block_tables, seq_lens, scale, kv_scales, *, order, tile,
+                          num_splits=None, max_seq_len=4096, split_batch=None):
+    """Launch `decode_fp8_vt_split_kernel` (V from `transpose_v_blocks`) as `decode_fp8_variant` launches its kernel;
+    tile: BLOCK_N (<= the cache's block size), num_warps, num_stages. Head_dim a power of two, unit strides."""
+    import torch
+
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    cfg = dict(tile)
+    block_n = cfg.pop("BLOCK_N")
+    if block_n > block_size:
+        raise ValueError(f"BLOCK_N {block_n} > block size {block_size}")
+    if num_splits is None:
+        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_seq_len, block_n, num_sms(q.device))
+    out = torch.empty_like(q)
+    numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
+    ws = torch.empty(numel if num_splits > 1 else 1, dtype=torch.float32, device=q.device)
+    part_acc, part_ml = ws[: num_seqs * num_heads * num_splits * head_dim], ws[num_seqs * num_heads * num_splits
+                                                                              * head_dim:]
+    decode_fp8_vt_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
+        q, k_cache, vt_cache, block_tables, seq_lens, kv_scales, order, out, part_acc, part_ml, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2), block_tables.stride(0),
+        group, num_kv_heads, num_splits, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        BLOCK_G=max(8, triton.next_power_of_2(group)), BLOCK_D=head_dim, DIRECT_OUT=num_splits == 1, HAS_ORDER=True,
+        **cfg)
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_acc, part_ml, out, *out.stride(), num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=head_dim, HEAD_DIM=head_dim, num_warps=2)
+    return out
 
 
 def decode_fp8_variant(q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales, *, order, tile,

@@ -31,3 +31,23 @@ def test_fp8_variant_matches_reference(pairs):
     tile = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "CVT": 0, "PAIRS": pairs}
     got = decode_fp8_variant(b.q, k8, v8, b.block_tables, b.seq_lens, b.scale, scales, order=order, tile=tile)
     assert relative_error(got.float(), want.float()) < 2e-3
+
+
+@pytest.mark.skipif(triton_unavailable() is not None, reason=str(triton_unavailable()))
+@pytest.mark.parametrize("block_n", [8, 16])
+def test_fp8_transposed_v_variant_matches_reference(block_n):
+    from perf.fp8_decode_variants import decode_fp8_vt_variant, transpose_v_blocks
+
+    # one split with a partial last tile, two splits (num_splits=2), a lone partial tile; 2 tiles per block at 8
+    b = make_paged_batch([5, 16, 87, 40], [1, 1, 1, 1], num_kv_heads=2, group=2, head_dim=64, block_size=16,
+                         dtype=torch.float16, device=DEVICE, seed=4)
+    flat = [c.view(-1, 2, 64) for c in (b.k_cache, b.v_cache)]
+    scales = torch.stack([x.float().nan_to_num(0.0).abs().amax(dim=(0, 2)) / 300 for x in flat]).to(DEVICE)
+    k8, v8 = (quantize_kv(c, scales[i]).view(b.k_cache.shape) for i, c in enumerate(flat))  # NaN rows stay NaN
+    want = decode_attention_reference(b.q, k8, v8, b.block_tables, b.seq_lens, b.scale, scales)
+    order = torch.argsort(b.seq_lens, descending=True).to(torch.int32)
+    for splits in (1, 2):
+        got = decode_fp8_vt_variant(b.q, k8, transpose_v_blocks(v8), b.block_tables, b.seq_lens, b.scale, scales,
+                                    order=order, tile={"BLOCK_N": block_n, "num_warps": 1, "num_stages": 1},
+                                    num_splits=splits)
+        assert relative_error(got.float(), want.float()) < 2e-3, splits

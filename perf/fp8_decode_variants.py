@@ -262,26 +262,45 @@ def transpose_v_blocks(v_cache):
     return v_cache.permute(0, 2, 3, 1).contiguous()
 
 
+def _split_buffers(q, k_cache, tile, num_splits, max_seq_len, split_batch):
+    """What both variant launchers share, as decode_attention sets it up: the tile's other launch options, BLOCK_N,
+    the split count, the output and the split-K partials (acc, (max, sum))."""
+    import torch
+
+    num_seqs, num_heads, head_dim = q.shape
+    cfg = dict(tile)
+    block_n = cfg.pop("BLOCK_N")
+    if num_splits is None:
+        num_splits = decode_num_splits(split_batch or num_seqs, k_cache.shape[2], max_seq_len, block_n,
+                                       num_sms(q.device))
+    numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
+    ws = torch.empty(numel if num_splits > 1 else 1, dtype=torch.float32, device=q.device)
+    acc_numel = num_seqs * num_heads * num_splits * head_dim
+    return cfg, block_n, num_splits, torch.empty_like(q), ws[:acc_numel], ws[acc_numel:]
+
+
+def _reduce_splits(out, part_acc, part_ml, num_splits):
+    """Merge the split-K partials into `out` (nothing to do for one split)."""
+    if num_splits > 1:
+        num_seqs, num_heads, head_dim = out.shape
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_acc, part_ml, out, *out.stride(), num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d, HEAD_DIM=head_dim, num_warps=2)
+    return out
+
+
 def decode_fp8_vt_variant(q, k_cache, vt_cache, block_tables, seq_lens, scale, kv_scales, *, order, tile,
                           num_splits=None, max_seq_len=4096, split_batch=None):
     """Launch `decode_fp8_vt_split_kernel` (V from `transpose_v_blocks`) as `decode_fp8_variant` launches its kernel;
     tile: BLOCK_N (<= the cache's block size), num_warps, num_stages. Head_dim a power of two, unit strides."""
-    import torch
-
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
+    if tile["BLOCK_N"] > block_size:
+        raise ValueError(f"BLOCK_N {tile['BLOCK_N']} > block size {block_size}")
+    cfg, block_n, num_splits, out, part_acc, part_ml = _split_buffers(q, k_cache, tile, num_splits, max_seq_len,
+                                                                      split_batch)
     group = num_heads // num_kv_heads
-    cfg = dict(tile)
-    block_n = cfg.pop("BLOCK_N")
-    if block_n > block_size:
-        raise ValueError(f"BLOCK_N {block_n} > block size {block_size}")
-    if num_splits is None:
-        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_seq_len, block_n, num_sms(q.device))
-    out = torch.empty_like(q)
-    numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
-    ws = torch.empty(numel if num_splits > 1 else 1, dtype=torch.float32, device=q.device)
-    part_acc, part_ml = ws[: num_seqs * num_heads * num_splits * head_dim], ws[num_seqs * num_heads * num_splits
-                                                                              * head_dim:]
     decode_fp8_vt_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
         q, k_cache, vt_cache, block_tables, seq_lens, kv_scales, order, out, part_acc, part_ml, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
@@ -289,39 +308,22 @@ def decode_fp8_vt_variant(q, k_cache, vt_cache, block_tables, seq_lens, scale, k
         group, num_kv_heads, num_splits, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_G=max(8, triton.next_power_of_2(group)), BLOCK_D=head_dim, DIRECT_OUT=num_splits == 1, HAS_ORDER=True,
         **cfg)
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
-            part_acc, part_ml, out, *out.stride(), num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=head_dim, HEAD_DIM=head_dim, num_warps=2)
-    return out
+    return _reduce_splits(out, part_acc, part_ml, num_splits)
 
 
 def decode_fp8_variant(q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales, *, order, tile,
                        num_splits=None, max_seq_len=4096, split_batch=None):
     """Launch `decode_fp8_split_kernel` as kernels/decode_attention.decode_attention launches its kernel; tile:
     BLOCK_N, num_warps, num_stages, CVT."""
-    import torch
-
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
+    cfg, block_n, num_splits, out, part_acc, part_ml = _split_buffers(q, k_cache, tile, num_splits, max_seq_len,
+                                                                      split_batch)
     group = num_heads // num_kv_heads
-    cfg = dict(tile)
-    block_n = cfg.pop("BLOCK_N")
-    if num_splits is None:
-        num_splits = decode_num_splits(split_batch or num_seqs, num_kv_heads, max_seq_len, block_n, num_sms(q.device))
-    out = torch.empty_like(q)
-    numel = decode_workspace_numel(num_seqs, num_heads, head_dim, num_splits)
-    ws = torch.empty(numel if num_splits > 1 else 1, dtype=torch.float32, device=q.device)
-    part_acc, part_ml = ws[: num_seqs * num_heads * num_splits * head_dim], ws[num_seqs * num_heads * num_splits
-                                                                              * head_dim:]
     decode_fp8_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
         q, k_cache, v_cache, block_tables, seq_lens, kv_scales, order, out, part_acc, part_ml, scale * LOG2E,
         *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0), group, num_kv_heads, num_splits,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
         UPCAST=False, HAS_ORDER=True, **cfg)
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
-            part_acc, part_ml, out, *out.stride(), num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim, num_warps=2)
-    return out
+    return _reduce_splits(out, part_acc, part_ml, num_splits)

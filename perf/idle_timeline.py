@@ -30,9 +30,7 @@ from .step_trace import classify
 WINDOWS = 20
 
 
-def busy_intervals(trace_path: str) -> list[tuple[float, float]]:
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
+def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
     merged: list[list[float]] = []
@@ -44,9 +42,7 @@ def busy_intervals(trace_path: str) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def kernel_classes(trace_path: str) -> list[tuple[float, float, str]]:
-    with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
+def kernel_classes(events: list[dict]) -> list[tuple[float, float, str]]:
     return [(e["ts"], e["dur"], classify(e.get("name", ""), [])) for e in events
             if e.get("cat") == "kernel" and "dur" in e]
 
@@ -86,7 +82,9 @@ def main() -> None:
     engine.step = step
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
-    spans = busy_intervals(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = busy_intervals(events)
     t0, t1 = spans[0][0], spans[-1][1]
     busy = sum(b - a for a, b in spans)
     print(f"profiled run: {res.wall_s:.3f} s wall, {res.output_tokens / res.wall_s:,.0f} tok/s, {res.steps} steps; "
@@ -107,7 +105,7 @@ def main() -> None:
     drained = next((i for i, (_, _, waiting) in enumerate(log) if waiting == 0), len(log) - 1)
     end = log[min(drained + 1, len(log) - 1)][0]
     split = t0 + (t1 - t0) * (end - h0) / max(h1 - h0, 1e-9)
-    print_classes(kernel_classes(path), split, res.wall_s)
+    print_classes(kernel_classes(events), split, res.wall_s)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ share of the run's wall time.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -58,12 +58,12 @@ def print_classes(kernels: list[tuple[float, float, str]], split: float, wall_s:
         print(f"| {cls} | {a / 1e3:.1f} | {b / 1e3:.1f} | {(a + b) / 1e6 / wall_s:.1%} |")
 
 
-def main() -> None:
-    sync_sched = "--sync-scheduling" in sys.argv
-    extra = {}
-    if "--kv-cache-dtype" in sys.argv:
-        extra["kv_cache_dtype"] = sys.argv[sys.argv.index("--kv-cache-dtype") + 1]
-    llm = build_llm("qwen3-0.6b", async_scheduling=not sync_sched, **extra)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sync-scheduling", action="store_true", help="the plain loop instead of async scheduling")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype) or fp8")
+    args = ap.parse_args(argv)
+    llm = build_llm("qwen3-0.6b", async_scheduling=not args.sync_scheduling, kv_cache_dtype=args.kv_cache_dtype)
     warmup(llm)
     work = dataclasses.replace(workloads.headline(), temperature=0.0)
     run_throughput(llm, work)  # warm: the profiled run is the second

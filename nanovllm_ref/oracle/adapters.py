@@ -174,22 +174,31 @@ class HFAdapter:
     """Hugging Face transformers, the reference arithmetic: ``attn_implementation="eager"``, one prompt at a
     time without padding, a manual greedy loop over the KV cache (EOS never stops it), logprobs =
     ``log_softmax(logits.float())``, greedy and top-k ties broken by the lowest token id. Another
-    ``attn_implementation`` (e.g. "sdpa") gives a second correct computation, to measure float noise."""
+    ``attn_implementation`` (e.g. "sdpa") gives a second correct computation, to measure float noise.
+    ``quantization=False`` loads the weights as they are stored, ignoring config.json's ``quantization_config``
+    (the fp8-kv reference: its checkpoints declare a KV cache scheme for the engines, oracle/fp8_kv.py)."""
 
     name = "hf"
 
     def __init__(
-        self, model_path: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "eager"
+        self, model_path: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "eager",
+        quantization: bool = True,
     ) -> None:
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        extra = {}
+        if not quantization:
+            config = AutoConfig.from_pretrained(model_path)
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            extra["config"] = config
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, attn_implementation=attn_implementation, **{dtype_key: torch_dtype}
+            model_path, attn_implementation=attn_implementation, **{dtype_key: torch_dtype}, **extra
         ).to(device).eval()
         self.device = device
         # transformers >= 5.x renamed `past_key_values` to `cache` (the old name warns, then goes away)

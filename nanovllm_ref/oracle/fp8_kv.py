@@ -14,7 +14,12 @@ model-dtype reference: the largest stored value maps to e4m3's largest, the rest
 layers get different scales, so a scale on the wrong head or applied twice costs real accuracy (with vLLM's
 default of 1.0 everywhere such bugs are invisible). They are written next to the weights as
 ``model.layers.{i}.self_attn.k_scale`` / ``v_scale`` (vLLM's names, one value per KV head) in a derived
-checkpoint (``scaled_checkpoint``), which the engine under test loads.
+checkpoint (``scaled_checkpoint``), which the engine under test loads. Its config.json declares them the way
+llm-compressor does (``KV_CACHE_QUANTIZATION``: compressed-tensors' ``kv_cache_scheme``, fp8 per attention head):
+without a ``quantization_config`` vLLM creates no k/v_scale parameters and refuses the checkpoint ("There is no
+module or parameter named 'layers.0.self_attn.k_scale'", vLLM 0.32 model_executor/layers/attention/attention.py
+``_init_kv_cache_quant``). nanovllm_ref reads the scales by name; the reference here loads the weights without the
+declaration (``HFAdapter(quantization=False)``), which transformers would otherwise hand to compressed-tensors.
 
 Noise (``reference``): the same prompts through sdpa attention with every K and V element nudged up before
 quantizing (``NUDGE``: at least the size of two correct engines' differences), so that the measured noise includes
@@ -43,6 +48,12 @@ E4M3_MAX = 448.0
 # (mean_tol) stays tight (nanovllm_ref 6e-6; scales of 1.0: 0.17; no fp8 at all: 0.13)
 NUDGE = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-16}
 NAMES = ("k_scale", "v_scale")
+# config.json's quantization_config of a scaled checkpoint: KV cache only (no weight scheme), fp8 e4m3, symmetric,
+# static, one scale per (layer, KV head): llm-compressor's layout, which vLLM loads (compressed-tensors'
+# CompressedTensorsKVCacheMethod: per-head scales with strategy "attn_head")
+KV_CACHE_QUANTIZATION = {"quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "ignore": [],
+                         "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head",
+                                             "symmetric": True, "dynamic": False}}
 _RECORD: dict[int, torch.Tensor] = {}  # calibration: layer -> (2, kv_heads) running amax
 
 
@@ -119,14 +130,23 @@ def calibrate(model_path: str, dtype: str, prompts: list[list[int]]) -> dict[int
 
 
 def scaled_checkpoint(model_path: str, out_dir: str, scales: dict[int, torch.Tensor]) -> str:
-    """A checkpoint folder: ``model_path``'s files (symlinked) plus ``kv_scales.safetensors`` with ``scales``."""
+    """A checkpoint folder: ``model_path``'s files (symlinked) plus ``kv_scales.safetensors`` with ``scales``, and
+    config.json with ``KV_CACHE_QUANTIZATION`` as its ``quantization_config`` (module docstring)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if config.get("quantization_config") is not None:
+        raise ValueError(f"{model_path!r} already declares a quantization_config: the fp8-kv tier needs an unquantized "
+                         "checkpoint (its scales are declared as a KV-cache-only compressed-tensors scheme)")
     for f in Path(model_path).iterdir():
-        if not (out / f.name).exists():
+        if f.name != "config.json" and not (out / f.name).exists():
             os.symlink(f.resolve(), out / f.name)
+    if (out / "config.json").is_symlink():  # a folder made before the declaration existed
+        (out / "config.json").unlink()
+    (out / "config.json").write_text(json.dumps({**config, "quantization_config": KV_CACHE_QUANTIZATION}, indent=2)
+                                     + "\n")
     tensors = {f"model.layers.{i}.self_attn.{n}": s[j].contiguous() for i, s in scales.items()
                for j, n in enumerate(NAMES)}
     save_file(tensors, str(out / "kv_scales.safetensors"))
@@ -144,7 +164,7 @@ def _run(model_path: str, dtype: str, attn: str, prompts: list[list[int]], max_t
     scales = read_scales(model_path)
     if scales is None:
         raise ValueError(f"{model_path!r} carries no kv_scales.safetensors (see scaled_checkpoint)")
-    hf = HFAdapter(model_path, dtype, attn_implementation=attn)
+    hf = HFAdapter(model_path, dtype, attn_implementation=attn, quantization=False)
     try:
         for layer in _layers(hf.model):
             layer.fp8_kv_scales = scales[layer.layer_idx]

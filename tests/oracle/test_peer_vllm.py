@@ -104,3 +104,42 @@ def test_no_vllm_process_is_left_after_a_pytest_run(model: str, tmp_path: Path) 
         except psutil.NoSuchProcess:
             pass
     assert not left, f"processes of the vLLM pytest run still alive 30 s after it ended: {left}"
+
+
+def _attention_scales(model) -> list[tuple[list[float], list[float], float, float]]:
+    """Per attention layer of a vLLM model: the K and V scales loaded (per head) and the ones its backend uses."""
+    return [(m._k_scale.reshape(-1).tolist(), m._v_scale.reshape(-1).tolist(), m._k_scale_float, m._v_scale_float)
+            for _, m in model.named_modules() if hasattr(m, "_k_scale_float")]
+
+
+def test_vllm_loads_the_fp8_kv_tiers_per_head_scales(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp8-kv tier's scaled checkpoint (oracle/fp8_kv.py) is one vLLM accepts with kv_cache_dtype=fp8 and reads
+    the per-head scales of (without its config's kv_cache_scheme vLLM refuses it: no k_scale parameter). The CPU
+    backend then applies one scale per layer, the heads' max (conformance/README.md, "FP8 KV cache")."""
+    import torch
+
+    from golden.load import checkpoint_path
+    from nanovllm_ref.oracle import fp8_kv
+    from nanovllm_ref.oracle.adapters import load_adapter
+
+    model = next((m for m in vllm_runnable_checkpoints() if json.loads(
+        (Path(checkpoint_path(m)) / "config.json").read_text()).get("num_key_value_heads", 1) > 1), None)
+    if model is None:
+        pytest.skip("no golden checkpoint with several KV heads has a head size vLLM's CPU build supports")
+    cfg = json.loads((Path(checkpoint_path(model)) / "config.json").read_text())
+    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    scales = {i: torch.tensor([[0.01 * (i + 1) + 0.001 * h for h in range(heads)],
+                               [0.002 * (i + 1) + 0.0005 * h for h in range(heads)]]) for i in range(layers)}
+    ck = fp8_kv.scaled_checkpoint(str(checkpoint_path(model)), str(tmp_path / model), scales)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's function, this test's own
+    adapter = load_adapter("vllm", ck, "float32", kv_cache_dtype="fp8", enforce_eager=True, max_model_len=256)
+    try:
+        (got,) = adapter.llm.apply_model(_attention_scales)
+    finally:
+        adapter.close()
+    assert len(got) == layers
+    for i, (k, v, k_used, v_used) in enumerate(got):
+        assert k == pytest.approx(scales[i][0].tolist(), rel=1e-6) and v == pytest.approx(scales[i][1].tolist(),
+                                                                                           rel=1e-6), f"layer {i}"
+        assert (k_used, v_used) == pytest.approx((max(k), max(v)), rel=1e-6), f"layer {i}: scales used"

@@ -23,7 +23,8 @@ Plans (every command is a public tool of this repository; nothing here has numbe
 - `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
   TP cases (needs two GPUs).
 Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
-a table at the end gives each step's exit code, time and result line. The exit code is 1 if any step failed.
+a table at the end gives each step's exit code, time and result line. The exit code is 1 if any step failed. A call
+brings back at most 8 files: when the run leaves more, they are packed into one `logs.tar.gz` there (`tar xzf`).
 To make a run the tracked one, copy its JSON into perf/results/<gpu-slug>/ (or perf/baselines/, for `kernels`).
 """
 
@@ -35,6 +36,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ PYTEST = ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE")
 BENCH = ("{python}", "-m", "nanovllm_ref.testing.bench", "--arch", "qwen3-0.6b", "--workload", "headline")
 KERNELS = ("prefill_attention", "decode_attention", "store_kv", "rms_norm", "silu_and_mul",
            "fused_moe", "gumbel_sample", "qkv_epilogue")
+FILES_BACK = 8  # the most files a device call brings back from $OUT
 RESULT_LINE = re.compile(r"\b(passed|failed|error|caught|output tok/s|fraction of roofline|busy|rc=)\b", re.I)
 
 
@@ -188,6 +191,23 @@ def run_plan(plan: Plan, logs: Path) -> list[dict[str, object]]:
     return rows
 
 
+def pack(logs: Path, most: int = FILES_BACK) -> Path | None:
+    """More than `most` files under `logs`: put them all into logs/logs.tar.gz (paths relative to `logs`) and remove
+    them, so that a device call brings every log and JSON back as one file."""
+    files = sorted(f for f in logs.rglob("*") if f.is_file())
+    if len(files) <= most:
+        return None
+    archive = logs / "logs.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(logs)))
+    for f in files:
+        f.unlink()
+    for d in sorted((d for d in logs.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        d.rmdir()
+    return archive
+
+
 def _list(plans: list[Plan], logs: Path) -> None:
     for plan in plans:
         print(f"{plan.name}: {plan.what}")
@@ -215,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     rows = [row for plan in plans for row in run_plan(plan, logs)]
     print(text_table(rows, ["step", "rc", "s", "result"]))
-    print(f"logs: {logs}")
+    archive = pack(logs)
+    print(f"logs: {archive or logs}")
     return 1 if any(row["rc"] != 0 for row in rows) else 0
 
 

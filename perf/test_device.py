@@ -59,3 +59,18 @@ def test_cli_lists_and_refuses_unknown_plans(tmp_path: Path, capsys) -> None:
         device.main(["no-such-plan"])
     assert e.value.code == 2 and "unknown plan 'no-such-plan'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # listing runs nothing and writes nothing
+
+
+def test_pack_puts_more_files_than_a_call_brings_back_into_one_archive(tmp_path: Path) -> None:
+    import tarfile
+
+    (tmp_path / "bench" / "run").mkdir(parents=True)
+    names = [f"step{i}.log" for i in range(8)] + ["bench/run/0001.json"]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_text(str(i))
+    assert device.pack(tmp_path, most=9) is None and len(list(tmp_path.rglob("*.*"))) == 9  # few enough: left
+    archive = device.pack(tmp_path)
+    assert archive == tmp_path / "logs.tar.gz" and list(tmp_path.iterdir()) == [archive]
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == sorted(names)
+        assert [tar.extractfile(n).read().decode() for n in names] == [str(i) for i in range(len(names))]

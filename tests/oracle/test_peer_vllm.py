@@ -122,11 +122,12 @@ def test_vllm_loads_the_fp8_kv_tiers_per_head_scales(tmp_path: Path, monkeypatch
     from nanovllm_ref.oracle import fp8_kv
     from nanovllm_ref.oracle.adapters import load_adapter
 
-    model = next((m for m in vllm_runnable_checkpoints() if json.loads(
-        (Path(checkpoint_path(m)) / "config.json").read_text()).get("num_key_value_heads", 1) > 1), None)
+    configs = {m: json.loads((Path(checkpoint_path(m)) / "config.json").read_text())
+               for m in vllm_runnable_checkpoints()}
+    model = next((m for m, c in configs.items() if c.get("num_key_value_heads", 1) > 1), None)
     if model is None:
         pytest.skip("no golden checkpoint with several KV heads has a head size vLLM's CPU build supports")
-    cfg = json.loads((Path(checkpoint_path(model)) / "config.json").read_text())
+    cfg = configs[model]
     layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     scales = {i: torch.tensor([[0.01 * (i + 1) + 0.001 * h for h in range(heads)],
                                [0.002 * (i + 1) + 0.0005 * h for h in range(heads)]]) for i in range(layers)}

@@ -50,6 +50,18 @@ def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_mod
     return q, (k, v), (k8, v8), scales, tables, seq_lens, order
 
 
+def parse_tile(tile: str) -> tuple[bool, dict]:
+    """`[bf16:]BLOCK_N/warps/stages[/rN][/s]` -> (fp8 cache, decode_attention's tile_config)."""
+    bn, w, st, *extra = tile.removeprefix("bf16:").split("/")
+    cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
+    for field in extra:  # rN: at most N registers per thread (maxnreg); s: transposed products (SWAP)
+        if field == "s":
+            cfg["SWAP"] = True
+        else:
+            cfg["maxnreg"] = int(field.lstrip("r"))
+    return not tile.startswith("bf16:"), cfg
+
+
 def compiled_report() -> None:
     """Registers, spills and byte-wide shared-memory loads (the slow V read) of every compiled fp8 variant."""
     from .fp8_decode_variants import decode_fp8_split_kernel, decode_fp8_vt_split_kernel
@@ -90,14 +102,7 @@ def sweep_step(step: int, variants: list[str], engine_tiles: list[str], rows: li
     timed("engine bf16", engine(bf, fp8=False), 2)
     timed("engine fp8", engine(f8), 1, want)
     for tile in engine_tiles:  # the engine's own kernel at other tiles (fp8 cache; a "bf16:" prefix: bf16 cache)
-        fp8 = not tile.startswith("bf16:")
-        bn, w, st, *extra = tile.removeprefix("bf16:").split("/")
-        cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
-        for field in extra:  # rN: at most N registers per thread (maxnreg); s: transposed products (SWAP)
-            if field == "s":
-                cfg["SWAP"] = True
-            else:
-                cfg["maxnreg"] = int(field.lstrip("r"))
+        fp8, cfg = parse_tile(tile)
         name = f"engine {'fp8' if fp8 else 'bf16'} {tile.removeprefix('bf16:')}"
         try:
             timed(name, lambda cfg=cfg, fp8=fp8: decode_attention(

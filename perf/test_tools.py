@@ -277,3 +277,18 @@ def test_cpu_ab_compares_two_trees_in_one_process(capsys):
     cpu_ab.main(["--base", "HEAD", "--model", "qwen3-tiny", "--rounds", "1", "--prompts", "3", "--max-tokens", "4"])
     out = capsys.readouterr().out
     assert "greedy tokens equal" in out and "this tree" in out and "CPU-time speed-up per round" in out
+
+
+def test_ncu_decode_reads_ncu_csv_and_tiles():
+    from perf.fp8_decode_sweep import parse_tile
+    from perf.ncu_decode import _number, parse_details
+
+    out = ('==PROF== Connected to process 1\n'
+           '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+           '"0","_decode_split_kernel","SpeedOfLight","Duration","us","90.08"\n'
+           '"0","_decode_split_kernel","","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","inst","1,020.5"\n')
+    m = parse_details(out)
+    assert m["Duration"] == "90.08 us"
+    assert _number(m["smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]) == 1020.5
+    assert parse_tile("32/1/8/s") == (True, {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8, "SWAP": True})
+    assert parse_tile("bf16:64/2/4/r128") == (False, {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4, "maxnreg": 128})

@@ -23,10 +23,10 @@ STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttl
 SHOWN = ("Duration", "DRAM Throughput", "SM Frequency", "Registers Per Thread", "Dynamic Shared Memory Per Block",
          "Block Limit Registers", "Block Limit Shared Mem", "Achieved Active Warps Per SM",
          "Eligible Warps Per Scheduler", "Issue Slots Busy")
-BANKS = ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
-         "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
-         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-         "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum")
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"  # .format(a STALLS entry)
+# shared-memory bank conflicts and wavefronts, .format("st") for stores, .format("ld") for loads
+CONFLICTS, WAVEFRONTS = ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{}.sum",
+                         "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{}.sum")
 
 
 def child(step: int, tile: str) -> None:
@@ -46,7 +46,7 @@ def child(step: int, tile: str) -> None:
 
 
 def profile(step: int, tile: str) -> dict[str, str]:
-    metrics = [f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS] + list(BANKS)
+    metrics = [STALL.format(s) for s in STALLS] + [m.format(op) for op in ("st", "ld") for m in (CONFLICTS, WAVEFRONTS)]
     cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:_decode_split", "--launch-skip", "2",
            "--launch-count", "1", "--section", "SpeedOfLight", "--section", "LaunchStats", "--section", "Occupancy",
            "--section", "SchedulerStats", "--section", "ComputeWorkloadAnalysis", "--metrics", ",".join(metrics),
@@ -81,13 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== step {a.step} tile {tile}")
         for name in SHOWN:
             print(f"  {name:34s} {m.get(name, '?')}")
-        stalls = {s: _number(m.get(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio", "0"))
-                  for s in STALLS}
+        stalls = {s: _number(m.get(STALL.format(s), "0")) for s in STALLS}
         print("  stalls (cycles per issue): " + ", ".join(f"{s} {v:.2f}" for s, v in stalls.items() if v >= 0.05))
         for op in ("st", "ld"):
-            c = m.get(f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{op}.sum", "?")
-            w = m.get(f"l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{op}.sum", "?")
-            print(f"  shared {'stores' if op == 'st' else 'loads '}: {w} wavefronts, {c} of them bank conflicts")
+            print(f"  shared {'stores' if op == 'st' else 'loads '}: {m.get(WAVEFRONTS.format(op), '?')} wavefronts, "
+                  f"{m.get(CONFLICTS.format(op), '?')} of them bank conflicts")
     return 0
 
 

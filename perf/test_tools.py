@@ -292,3 +292,19 @@ def test_ncu_decode_reads_ncu_csv_and_tiles():
     assert _number(m["smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]) == 1020.5
     assert parse_tile("32/1/8/s") == (True, {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8, "SWAP": True})
     assert parse_tile("bf16:64/2/4/r128") == (False, {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4, "maxnreg": 128})
+
+
+def test_ncu_decode_prints_stalls_and_bank_conflicts(monkeypatch, capsys):
+    from perf import ncu_decode
+
+    counters = {"Duration": "90.08 us", ncu_decode.STALL.format("short_scoreboard"): "2.02 inst",
+                ncu_decode.STALL.format("wait"): "0.01 inst", ncu_decode.CONFLICTS.format("st"): "3,398,496",
+                ncu_decode.WAVEFRONTS.format("st"): "6,026,792"}
+    monkeypatch.setattr(ncu_decode, "profile", lambda step, tile: counters)
+    assert ncu_decode.main(["--step", "320", "--tiles", "32/1/8/s"]) == 0
+    out = capsys.readouterr().out
+    assert "== step 320 tile 32/1/8/s" in out and "90.08 us" in out
+    stalls = next(line for line in out.splitlines() if "stalls" in line)
+    assert "short_scoreboard 2.02" in stalls and "wait" not in stalls  # below 0.05 cycles: left out
+    assert "shared stores: 6,026,792 wavefronts, 3,398,496 of them bank conflicts" in out
+    assert "shared loads : ? wavefronts, ? of them bank conflicts" in out

@@ -51,7 +51,11 @@ def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_mod
 
 
 def parse_tile(tile: str) -> tuple[bool, dict]:
-    """`[bf16:]BLOCK_N/warps/stages[/rN][/s]` -> (fp8 cache, decode_attention's tile_config)."""
+    """`[bf16:]BLOCK_N/warps/stages[/rN][/s]` or `g:BLOCK_N/STAGES` (the Gluon kernel, kernels/decode_attention_fp8.py)
+    -> (fp8 cache, decode_attention's tile_config)."""
+    if tile.startswith("g:"):
+        bn, st = tile[2:].split("/")
+        return True, {"GLUON": 1, "BLOCK_N": int(bn), "STAGES": int(st)}
     bn, w, st, *extra = tile.removeprefix("bf16:").split("/")
     cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
     for field in extra:  # rN: at most N registers per thread (maxnreg); s: transposed products (SWAP)
@@ -139,7 +143,7 @@ def main() -> None:
                          "transposed in the cache blocks (decode_fp8_vt_variant)")
     ap.add_argument("--engine-tiles", nargs="*", default=[],
                     help="[bf16:]BLOCK_N/warps/stages[/rN][/s]: the engine's kernel at these tiles too, fp8 cache"
-                         " unless bf16: (rN: maxnreg N; s: transposed products)")
+                         " unless bf16: (rN: maxnreg N; s: transposed products); g:BLOCK_N/STAGES: the Gluon kernel")
     ap.add_argument("--json", help="also write the rows (step, batch, name, us, GB/s, maxerr) to this file")
     args = ap.parse_args()
     print(f"copy ceiling {measure_copy_gbps('cuda'):.0f} GB/s")

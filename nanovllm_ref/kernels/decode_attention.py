@@ -47,6 +47,7 @@ import os
 import torch
 
 from ._triton_common import LOG2E, dot_precision, f16_dots, native_e4m3, num_sms, tl, triton, upcast_dots
+from .decode_attention_fp8 import FP8_GLUON_TILE, gluon_fp8_decode_ok, launch_fp8_decode
 from .prefill_attention import prefill_attention_reference
 
 
@@ -232,7 +233,8 @@ def decode_attention(
     order: torch.Tensor | None = None,  # (num_seqs,) int permutation: programs take sequences in this order
     out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim) preallocated output
     workspace: torch.Tensor | None = None,  # 1-D float32, >= decode_workspace_numel(...) elements
-    tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps)
+    tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps); "GLUON": 1 with
+    # BLOCK_N and STAGES: the fp8 Gluon kernel's tile
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
     """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
@@ -245,8 +247,14 @@ def decode_attention(
         return out
     sms = num_sms(q.device)
     units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
-    cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype, kv_scales is not None,
-                                                                               units / sms)
+    gluon = bool(tile_config.get("GLUON")) if tile_config is not None else (
+        os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") != "1" and gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales)
+        and out.stride(-1) == 1)
+    if gluon:  # an fp8 cache on sm_89+: kernels/decode_attention_fp8.py
+        cfg = {k: v for k, v in (tile_config or FP8_GLUON_TILE).items() if k != "GLUON"}
+    else:
+        cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype,
+                                                                                   kv_scales is not None, units / sms)
     block_n, block_g = cfg.pop("BLOCK_N"), max(8 if cfg.get("SWAP") else 16, triton.next_power_of_2(group))
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
@@ -261,17 +269,21 @@ def decode_attention(
         part_ml = workspace[part_acc.numel() : numel]
     else:
         part_acc = part_ml = out  # unused
-    _decode_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
-        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if kv_scales is None else kv_scales,
-        seq_lens if order is None else order, out, part_acc, part_ml,
-        scale * LOG2E,
-        *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
-        group, num_kv_heads, num_splits,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=block_g,
-        BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
-        UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
-        FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), V_PTX=ptx_fp8_tiles(q, kv_scales), **cfg,
-    )
+    if gluon:
+        launch_fp8_decode(q, k_cache, v_cache, block_tables, seq_lens, kv_scales, order, out, part_acc, part_ml,
+                          scale * LOG2E, num_splits, {"BLOCK_N": block_n, **cfg})
+    else:
+        _decode_split_kernel[(num_seqs * num_kv_heads * num_splits,)](
+            q, k_cache, v_cache, block_tables, seq_lens, seq_lens if kv_scales is None else kv_scales,
+            seq_lens if order is None else order, out, part_acc, part_ml,
+            scale * LOG2E,
+            *q.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
+            group, num_kv_heads, num_splits,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=block_g,
+            BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT_OUT=num_splits == 1,
+            UPCAST=upcast_dots(q.device), PREC=dot_precision(q.dtype), HAS_ORDER=order is not None,
+            FP8=kv_scales is not None, F16_DOTS=f16_dots(q, kv_scales), V_PTX=ptx_fp8_tiles(q, kv_scales), **cfg,
+        )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             part_acc, part_ml, out, *out.stride(), num_splits,

@@ -29,6 +29,9 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
   warp, 32 keys and transposed products, three buffers per load when the batch gives every SM 8 programs, else two
   (decode_tile_config).
+- On sm_89+ GPUs an fp8 cache of head_dim 128 goes to the Gluon kernel beside this one instead
+  (kernels/decode_attention_fp8.py: the same grid, splits and reduce, no float16 staging of V); this kernel serves
+  the other head sizes, the interpreter and `NANOVLLM_REF_GLUON=0`.
 - The fp8 tiles ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the MMA's 16
   rows and the GQA group its 8 columns (BLOCK_G 8, not 16), half the MMAs and accumulator registers.
 - Keys are processed BLOCK_N at a time through the block table (see _triton_common.attend_tile), so any

@@ -111,6 +111,11 @@ SPECS: list[CheckpointSpec] = [
     CheckpointSpec("qwen3-moe-unnorm-hd32", "qwen3_moe", _arch(64, 192, 2, 4, 2, False, 4e5, head_dim=32,
                    attention_bias=True, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
                    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]), seed=16),
+    # head_dim 128, the production head size (Qwen3 0.6B-32B, Llama 3, Mistral 7B) and the only one the fp8 decode
+    # kernel takes (nanovllm_ref/kernels/decode_attention_fp8.py); Qwen3 tied, GQA 2, Qwen3's RoPE base; hidden 64
+    # (q/k/v project up to 4 x 128 / 2 x 128) keeps the checkpoint as small as qwen3-tiny's family.
+    CheckpointSpec("qwen3-hd128", "qwen3", _arch(64, 192, 2, 4, 2, True, 1e6, head_dim=128), seed=17,
+                   steps=2500, lr=5e-3),
     # Other tokenizer kinds, where text policies differ (golden/make_tokenizers.py): random weights (what these test
     # is text, not the arithmetic), the logits scaled to a std of 4 so that next-token distributions are peaked.
     CheckpointSpec("qwen3-words-hd32", "qwen3", _arch(64, 128, 2, 2, 1, False, 1e6, head_dim=32), seed=21,

@@ -28,6 +28,7 @@ MEASURED: dict[str, tuple[float, float, float, float]] = {
     "qwen2-tiny": (1.10e-05, 2.43e-05, 2.53e-05, 2.05e-05),
     "qwen3-bias-hd32": (8.06e-05, 6.06e-05, 8.01e-05, 1.13e-04),
     "qwen3-gqa4": (9.54e-06, 1.24e-05, 3.67e-05, 2.77e-05),
+    "qwen3-hd128": (1.57e-05, 3.72e-05, 3.91e-05, 4.24e-05),  # measured 2026-12-06 (another CPU; same versions)
     "qwen3-moe-tiny": (8.58e-06, 9.54e-06, 1.62e-05, 1.76e-05),
     "qwen3-moe-unnorm-hd32": (1.14e-05, 1.48e-05, 2.29e-05, 3.24e-05),
     "qwen3-tied-hd64": (1.38e-05, 1.43e-05, 3.24e-05, 2.24e-05),

@@ -100,6 +100,19 @@ def test_moe_noise_is_pooled_apart() -> None:
     assert golden_tolerance("bfloat16", manifest, "moe").tol == NOISE_FACTOR * 2.0
 
 
+def test_wide_head_noise_is_pooled_apart() -> None:
+    """A head_dim-128 checkpoint's larger bf16 noise bounds itself, not the narrower dense checkpoints."""
+    def entry(noise: float, **config) -> dict:
+        return {"config": config, "noise": {"bfloat16": {"a": {"generated": {"max": noise}, "prompt": {"max": noise}}}}}
+
+    manifest = {"checkpoints": {"hd32": entry(0.3, head_dim=32), "hd128": entry(0.37, head_dim=128),
+                                "implied128": entry(0.36, hidden_size=512, num_attention_heads=4)}}
+    assert measured_noise(manifest, "bfloat16") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "hd32") == (0.3, 0.3)
+    assert measured_noise(manifest, "bfloat16", "hd128") == (0.37, 0.37)
+    assert measured_noise(manifest, "bfloat16", "implied128") == (0.37, 0.37)
+
+
 def test_tokens_only_mode_compares_tokens_and_the_divergence_against_the_reference_top_k() -> None:
     """For engines without logprobs: equal tokens match; a first differing token inside the reference's top-k
     passes as a divergence; one outside it, or a short output, fails naming prompt and step; no values."""

@@ -115,11 +115,17 @@ def noise_pool(name: str, info: dict[str, Any]) -> str:
     """Which checkpoints' noise bounds ``name``: a checkpoint rescaled after training (golden/make_checkpoints.py:
     tiny or huge hidden states, sharpened attention) only by its own, since sharp attention makes bf16 eager-vs-sdpa
     noise several times the others', and one of random weights (not trained) likewise; then mixture-of-experts
-    checkpoints together, then dense ones together."""
+    checkpoints together, dense ones of head_dim >= 128 together (a 128-wide head sums twice the products per score:
+    qwen3-hd128's bf16 noise is 0.37 against <= 0.29 for the narrower dense goldens, which it must not loosen), then
+    the other dense ones."""
     train = info.get("train", {})
     if train.get("post_training") or train.get("random_init"):
         return f"own:{name}"
-    return "moe" if _is_moe(info) else "dense"
+    if _is_moe(info):
+        return "moe"
+    config = info.get("config", {})
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // max(config.get("num_attention_heads", 1), 1)
+    return "dense-wide-head" if head_dim >= 128 else "dense"
 
 
 def measured_noise(

@@ -139,13 +139,16 @@ if gluon is not None:
         keys = gl.arange(0, BLOCK_N, gl.SliceLayout(1, MMA))
         s = gl.where((n0 + keys < end)[:, None], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 0))
-        alpha = gl.exp2(m_i - m_new)
+        if gl.max(m_new - m_i, 0) > 0:  # rescale only when a running max grew (rare after the first tiles)
+            alpha = gl.exp2(m_i - m_new)
+            acc = acc * alpha[None, :]
+            l_i = l_i * alpha
         p = gl.exp2(s - m_new[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
+        l_i = l_i + gl.sum(p, 0)
         p_t = gl.convert_layout(p.to(gl.float16), B_OP)
         v = _e4m3x4_to_f16(gl.convert_layout(v_raw, v_layout(BLOCK_N, True), assert_trivial=True))
         v = gl.convert_layout(_v_order(v, BLOCK_N), A_OP, assert_trivial=True)  # (128, BLOCK_N): V^T
-        return mma_v2(v, p_t, acc * alpha[None, :]), l_i, m_new
+        return mma_v2(v, p_t, acc), l_i, m_new
 
     @gluon.jit
     def fp8_decode_split_kernel(
@@ -199,6 +202,7 @@ if gluon is not None:
             v_raw = v_ring.index(t % STAGES).load(v_layout(BLOCK_N, False))
             acc, l_i, m_i = _attend(k_raw, v_raw, n0, end, q_t, acc, l_i, m_i, qk_scale, BLOCK_N)
             t += 1
+        async_copy.wait_group(0)  # the copies issued past the end (masked: zero fills) land before the ring is freed
         acc = acc * gl.load(kv_scale_ptr + num_kv_heads + kvh)
 
         # (8 heads, 128) by head_dim again: d = 8m + g  <->  p = 16g + m

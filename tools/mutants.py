@@ -61,6 +61,8 @@ TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  
 DETOK_TESTS = "tests/engine/test_detokenizer.py"
 FP8_ENGINE, FP8_KERNELS = "tests/engine/test_fp8_kv_cache.py", "tests/kernels/test_kernel_fp8_kv.py"
 FP8_TIER = ("conformance/test_fp8_kv.py",)
+FP8_KERNEL_CHECK = ("conformance/test_fp8_kv.py", "-k", "kernels")
+GLUON_FP8, GLUON_TESTS = "nanovllm_ref/kernels/decode_attention_fp8.py", "tests/kernels/test_decode_attention_fp8.py"
 INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
                     "batch_invariant=true")
@@ -477,6 +479,19 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-decode-v-scale-axis", "nanovllm_ref/kernels/decode_attention.py",
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + 2 * kvh + 1)",
       "FP8 KV Triton decode: the V scale read from a (kv_heads, 2) layout", (FP8_KERNELS,), FP8_TIER),
+    # the Gluon fp8 decode kernel (head_dim 128 on sm_89+ GPUs only): caught on CUDA by the fp8 tier's kernel check
+    # at head_dim 128 (tools/mutants_gpu.py runs it)
+    M("fp8-gluon-k-scale-twice", GLUON_FP8, "qk_scale = qk_scale * gl.load(kv_scale_ptr + kvh)",
+      "qk_scale = qk_scale * gl.load(kv_scale_ptr + kvh) * gl.load(kv_scale_ptr + kvh)",
+      "FP8 KV Gluon decode: the K scale folded into the softmax scale twice", (GLUON_TESTS,), FP8_KERNEL_CHECK,
+      gpu=True),
+    M("fp8-gluon-v-scale-axis", GLUON_FP8, "acc = acc * gl.load(kv_scale_ptr + num_kv_heads + kvh)",
+      "acc = acc * gl.load(kv_scale_ptr + 2 * kvh + 1)", "FP8 KV Gluon decode: the V scale read from a (kv_heads, 2) "
+      "layout", (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
+    M("fp8-gluon-v-bytes-unpaired", GLUON_FP8, "gl.convert_layout(v_raw, v_layout(BLOCK_N, True), assert_trivial=True)",
+      "gl.convert_layout(v_raw, v_layout(BLOCK_N, False), assert_trivial=True)",
+      "FP8 KV Gluon decode: V's bytes converted in pairs of one key's neighbouring dims, not of neighbouring keys",
+      (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
     # batch-invariant mode (kernels/matmul.py, kernels/invariant_attention.py): caught by the invariance module in
     # exact mode with the mode on; the CUDA sites by the same module on the GPU (bf16)
     M("batch-invariant-gemm-fallback", "nanovllm_ref/layers/linear.py",

@@ -27,7 +27,8 @@ def test_picks_the_snippets_inside_triton_kernels_and_the_gpu_sites() -> None:
     assert {"rmsnorm-kernel-mean", "rotary-kernel-sign", "attention-kernel-causal", "store-kv-kernel-slot0",
             "rmsnorm-kernel-input-dtype", "decode-reduce-no-max", "online-softmax-max-reset",
             "kernel-key-ignores-position", "kernel-nan-row-unflagged", "flash-attn-not-causal", "silu-kernel-sign",
-            "fused-moe-kernel-acc-reset", "qkv-epilogue-v-from-k"} <= chosen
+            "fused-moe-kernel-acc-reset", "qkv-epilogue-v-from-k", "fp8-decode-k-scale-twice",
+            "fp8-gluon-k-scale-twice", "fp8-gluon-v-scale-axis", "fp8-gluon-v-bytes-unpaired"} <= chosen
     # the pure-torch references next to the kernels are the CPU column's
     assert not chosen & {"rmsnorm-eps", "rotary-reference-sign", "temperature-multiplies", "seed-position-ignored",
                          "attention-causal-reference", "loader-kv-swap"}
@@ -40,6 +41,10 @@ def test_commands_run_the_gpu_tests_that_reach_the_site() -> None:
     assert gpu_args(kernel) == ("conformance/test_kernels.py", "-k", "rms_norm", "-m", "gpu")
     (flash,) = find(MUTANTS, ["flash-attn-not-causal"])
     assert gpu_args(flash)[: len(GOLDEN_GPU)] == GOLDEN_GPU and "attention_backend=flash-attn" in gpu_args(flash)
+    # fp8 kernel sites (Triton and Gluon) run the fp8 tier's kernel check, which puts them on CUDA
+    for name in ("fp8-decode-v-scale-axis", "fp8-gluon-v-bytes-unpaired", "fp8-no-saturation"):
+        (fp8,) = find(MUTANTS, [name])
+        assert gpu_args(fp8) == ("conformance/test_fp8_kv.py", "-k", "kernels"), name
     # a kernel site that the kernel module does not reach runs the engine on CUDA against the goldens
     elsewhere = replace(kernel, name="epilogue", conformance=("conformance/test_workload.py",))
     assert gpu_args(elsewhere) == GOLDEN_GPU

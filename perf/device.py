@@ -90,8 +90,11 @@ def _fp8() -> tuple[Step, ...]:
     headline = Step("perf_headline_fp8", (*PYTEST, "perf/test_engine.py", "-m", "gpu", "-k", "test_headline_throughput",
                                           "--benchmark-storage=file://{logs}/benchmarks", "--benchmark-autosave",
                                           "--benchmark-json={logs}/perf_headline_fp8.json"), 240)
-    sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "640"), 120)
-    kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py"), 150)  # compiled, on CUDA
+    sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "320", "640",
+                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4"), 120)
+    kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py",  # compiled, on CUDA
+                                        "tests/kernels/test_decode_attention_fp8.py", "-k", "not 16x6 and not 32x2"),
+                   180)
     tier = tuple(Step(f"fp8kv_{m}", (*PYTEST, "-m", "gpu", "conformance/test_fp8_kv.py", "--model", m, "--engine-arg",
                                      "gpu_memory_utilization=0.04", "--torch-threads", "1", "--report", os.devnull),
                       200, alongside=True) for m in goldens())

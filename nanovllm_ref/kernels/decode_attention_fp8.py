@@ -60,7 +60,7 @@ def gluon_fp8_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             and os.environ.get("NANOVLLM_REF_GLUON", "1") != "0")
 
 
-if gluon is not None:
+try:  # a Gluon of another API (triton 3.4-3.5) does not build these: the Triton kernel serves then
     MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     A_OP, B_OP = gl.DotOperandLayout(0, MMA, 2), gl.DotOperandLayout(1, MMA, 2)
     ROWS = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])  # Q loads and O stores: a row per 32 lanes
@@ -70,7 +70,10 @@ if gluon is not None:
     # renamed after triton 3.6 (the old names remain, raising or gone)
     async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+except (NameError, AttributeError, TypeError):
+    gluon = None
 
+if gluon is not None:
     @constexpr_function
     def k_layout(n):
         """(n keys, 128 bytes) as the K operand wants them after `_k_order`: lane (groupID, c) holds bytes

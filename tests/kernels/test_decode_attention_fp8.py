@@ -149,3 +149,18 @@ def test_gluon_decode_compiles_for_sm90(tmp_path):
         assert ring <= result["shared"] <= ring + 2048, case
         ptx = result["ptx"]
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "cp.async.cg.shared.global" in ptx and "ld.global.u8" not in ptx
+
+
+@needs_gluon
+def test_another_gluon_api_leaves_the_triton_kernel_serving() -> None:
+    """A Gluon whose layouts do not build (another triton's API) turns the kernel off at import, not the import."""
+    code = ("import triton.experimental.gluon.language as gl\n"
+            "def broken(*a, **k):\n    raise TypeError('another API')\n"
+            "gl.NVMMADistributedLayout = broken\n"
+            "from nanovllm_ref.kernels import decode_attention, decode_attention_fp8\n"
+            "assert decode_attention_fp8.gluon is None\n"
+            "print('fallback')\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "fallback" in done.stdout, done.stderr[-2000:]

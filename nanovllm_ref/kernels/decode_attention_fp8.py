@@ -19,7 +19,8 @@ explicit layouts) lets the kernel choose them:
 - V: the output rows may be any permutation of head_dim too (undone at the store), so each thread's operand is 16
   contiguous bytes of each of its 4 keys (`_v_order`). The MMA wants key pairs per 32-bit register: one byte
   permute (`PRMT`) per two registers pairs the keys, and `cvt.rn.f16x2.e4m3x2` converts each pair.
-- P goes from the first product's accumulator to the second's operand in registers and shuffles.
+- P goes from the first product's accumulator (keys by row) to the second's operand (keys by column) through a
+  small shared-memory scratch, the one layout change with data movement (Triton chooses how).
 Every layout change between the loads and the MMAs is asserted free at compile time (`assert_trivial`), and the
 swizzle's bank conflicts are 0 for all three access patterns (`gl.bank_conflicts`, tests/kernels).
 
@@ -43,7 +44,7 @@ except ImportError:  # pragma: no cover
     gluon = None
 
 HEAD_DIM = 128
-# (keys per tile, ring depth): see perf/RESULTS.md, "fp8 decode kernel in Gluon"
+# (keys per tile, ring depth): perf/RESULTS.md, "Kernels", the Gluon fp8 decode kernel
 FP8_GLUON_TILE = {"BLOCK_N": 32, "STAGES": 3}
 
 

@@ -76,7 +76,7 @@ def test_fp8_kv_kernels(options, d, q_dtype) -> None:
     """nanovllm_ref's Triton KV store and decode kernels (the interpreter off-GPU) on an fp8 cache against the
     oracle's rule: stored values equal fake_quant's (values past +-448 x scale saturate), attention over them
     equals float32 attention over fake_quant's K/V (per-head scales differing between K and V). head_dim 128 with
-    bf16 queries is the case that a CUDA sm_89+ GPU sends to the Gluon decode kernel (kernels/decode_attention_fp8.py);
+    bf16 queries is the case that a CUDA sm_90 GPU sends to the Gluon decode kernel (kernels/decode_attention_fp8.py);
     its bound is bf16's output rounding."""
     if options.engine != "nanovllm_ref":
         pytest.skip("checks nanovllm_ref's own kernels")

@@ -479,7 +479,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-decode-v-scale-axis", "nanovllm_ref/kernels/decode_attention.py",
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + 2 * kvh + 1)",
       "FP8 KV Triton decode: the V scale read from a (kv_heads, 2) layout", (FP8_KERNELS,), FP8_TIER),
-    # the Gluon fp8 decode kernel (head_dim 128 on sm_89+ GPUs only): caught on CUDA by the fp8 tier's kernel check
+    # the Gluon fp8 decode kernel (head_dim 128 on sm_90 GPUs only): caught on CUDA by the fp8 tier's kernel check
     # at head_dim 128 (tools/mutants_gpu.py runs it)
     M("fp8-gluon-k-scale-twice", GLUON_FP8, "qk_scale = qk_scale * gl.load(kv_scale_ptr + kvh)",
       "qk_scale = qk_scale * gl.load(kv_scale_ptr + kvh) * gl.load(kv_scale_ptr + kvh)",

@@ -58,6 +58,12 @@ def native_e4m3(device: torch.device) -> bool:
 
 
 @functools.cache
+def hopper(device: torch.device) -> bool:
+    """True on a CUDA GPU of compute capability 9.0 (H100, H200)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+@functools.cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of the device (a host-side property query, once per device: no sync); 8 off-GPU."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8

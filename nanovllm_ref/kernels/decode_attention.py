@@ -29,7 +29,7 @@ Triton kernel (`decode_attention`), a split-K "flash-decoding" kernel:
   V is converted by PTX before its shared-memory staging (_triton_common.e4m3x4_to_f16), and the tile is one
   warp, 32 keys and transposed products, three buffers per load when the batch gives every SM 8 programs, else two
   (decode_tile_config).
-- On sm_89+ GPUs an fp8 cache of head_dim 128 goes to the Gluon kernel beside this one instead
+- On sm_90 GPUs an fp8 cache of head_dim 128 goes to the Gluon kernel beside this one instead
   (kernels/decode_attention_fp8.py: the same grid, splits and reduce, no float16 staging of V); this kernel serves
   the other head sizes, the interpreter and `NANOVLLM_REF_GLUON=0`.
 - The fp8 tiles ask for transposed products (`"SWAP": True`, attend_tile's SWAP): the keys become the MMA's 16
@@ -253,7 +253,7 @@ def decode_attention(
     gluon = bool(tile_config.get("GLUON")) if tile_config is not None else (
         os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") != "1" and gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales)
         and out.stride(-1) == 1)
-    if gluon:  # an fp8 cache on sm_89+: kernels/decode_attention_fp8.py
+    if gluon:  # an fp8 cache on sm_90: kernels/decode_attention_fp8.py
         cfg = {k: v for k, v in (tile_config or FP8_GLUON_TILE).items() if k != "GLUON"}
     else:
         cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype,

@@ -1,5 +1,5 @@
 """Paged decode attention over an fp8 (e4m3) KV cache, in Gluon: K and V go from the cache to the tensor cores
-without a float16 copy in shared memory (sm_89+, head_dim 128, GQA groups up to 8).
+without a float16 copy in shared memory (Hopper, sm_90; head_dim 128, GQA groups up to 8).
 
 Same contract as `decode_attention`'s split kernel (kernels/decode_attention.py: one program per sequence, KV head
 and split, longest sequences first, partials merged by its reduce kernel), and the same reference,
@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from ._triton_common import native_e4m3
+from ._triton_common import hopper
 
 try:  # the Gluon dialect of triton 3.6+ (the "gpu" extra); without it the Triton kernel serves fp8 caches
     from triton.experimental import gluon
@@ -51,9 +51,9 @@ FP8_GLUON_TILE = {"BLOCK_N": 32, "STAGES": 3}
 def gluon_fp8_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         kv_scales: torch.Tensor | None) -> bool:
     """Whether `decode_attention` takes this kernel: an fp8 cache of head_dim 128 read by 16-bit queries on an
-    sm_89+ GPU, GQA group <= 8, unit last strides, cache rows 16-byte aligned (its async copies move 16 bytes);
-    `NANOVLLM_REF_GLUON=0` turns it off."""
-    return (gluon is not None and kv_scales is not None and q.is_cuda and native_e4m3(q.device)
+    sm_90 GPU (the target it is tested and tuned on; it needs sm_89+), GQA group <= 8, unit last strides, cache rows
+    16-byte aligned (its async copies move 16 bytes); `NANOVLLM_REF_GLUON=0` turns it off."""
+    return (gluon is not None and kv_scales is not None and q.is_cuda and hopper(q.device)
             and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == HEAD_DIM
             and q.shape[1] // k_cache.shape[2] <= 8 and q.stride(-1) == 1 and k_cache.stride(-1) == 1
             and all(s % 16 == 0 for s in k_cache.stride()[:3])

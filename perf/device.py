@@ -91,7 +91,8 @@ def _fp8() -> tuple[Step, ...]:
                                           "--benchmark-storage=file://{logs}/benchmarks", "--benchmark-autosave",
                                           "--benchmark-json={logs}/perf_headline_fp8.json"), 240)
     sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "320", "640",
-                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2"), 150)
+                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2",
+                                      "g:32/3/r", "g:64/2/r"), 180)
     kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py",  # compiled, on CUDA
                                         "tests/kernels/test_decode_attention_fp8.py", "-k", "not 16x6 and not 32x2"),
                    180)

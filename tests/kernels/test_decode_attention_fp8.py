@@ -14,6 +14,7 @@ import torch
 
 from nanovllm_ref.kernels import decode_attention as da
 from nanovllm_ref.kernels import decode_attention_fp8 as g
+from nanovllm_ref.kernels._triton_common import hopper, native_e4m3
 from nanovllm_ref.kernels.decode_attention import decode_attention_reference
 from nanovllm_ref.testing import RELATIVE_TOLERANCE, make_paged_batch, relative_error
 
@@ -21,7 +22,7 @@ from .test_kernel_fp8_kv import fp8_caches
 
 ON_GPU = torch.cuda.is_available()
 needs_gluon = pytest.mark.skipif(g.gluon is None, reason="needs triton's Gluon dialect (triton 3.6+)")
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+needs_gpu = pytest.mark.skipif(not (ON_GPU and native_e4m3(torch.device("cuda"))), reason="needs a CUDA GPU, sm_89+")
 TILES = [{"BLOCK_N": 32, "STAGES": 3}, {"BLOCK_N": 16, "STAGES": 6}, {"BLOCK_N": 32, "STAGES": 2},
          {"BLOCK_N": 32, "STAGES": 3, "LANE_ROWS": True}, {"BLOCK_N": 64, "STAGES": 2, "LANE_ROWS": True}]
 
@@ -55,8 +56,9 @@ def test_gluon_decode_matches_reference(tile, block_size, dtype):
 @needs_gpu
 @needs_gluon
 def test_fp8_decode_takes_gluon_kernel_where_it_applies(monkeypatch):
-    """decode_attention sends an fp8 cache of head_dim 128 to the Gluon kernel, and everything else (head_dim 80,
-    groups over 8, a bf16 cache, NANOVLLM_REF_GLUON=0) to the Triton kernel."""
+    """decode_attention sends an fp8 cache of head_dim 128 to the Gluon kernel on sm_90, and everything else (other
+    GPUs, head_dim 80, groups over 8, a bf16 cache, NANOVLLM_REF_GLUON=0) to the Triton kernel."""
+    taken = int(hopper(torch.device("cuda")))
     calls = []
     monkeypatch.setattr(da, "launch_fp8_decode", lambda *a, **k: calls.append(1) or g.launch_fp8_decode(*a, **k))
 
@@ -70,7 +72,7 @@ def test_fp8_decode_takes_gluon_kernel_where_it_applies(monkeypatch):
         assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.bfloat16] * 2
         return len(calls)
 
-    assert run(128, 2) == 1 and run(128, 8) == 1
+    assert run(128, 2) == taken and run(128, 8) == taken
     assert run(80, 2) == run(128, 16) == run(128, 2, fp8=False) == 0
     monkeypatch.setenv("NANOVLLM_REF_GLUON", "0")
     assert run(128, 2) == 0
@@ -91,6 +93,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import compile as triton_compile
 from triton.experimental.gluon._runtime import GluonASTSource
 from nanovllm_ref.kernels import decode_attention_fp8 as g
+from nanovllm_ref.kernels._triton_common import hopper, native_e4m3
 
 def build(fn, signature, constants):
     # pointers and strides 16-byte aligned, as the launcher specializes them for a cache of head_dim 128

@@ -34,7 +34,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mutation import CONFORMANCE, IGNORE, ROOT, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
+from .mutation import (
+    CONFORMANCE,
+    FP8_KERNEL_CHECK,
+    IGNORE,
+    ROOT,
+    Mutant,
+    check_snippets,
+    failing_tests,
+    pytest_command,
+    pytest_env,
+)
 
 MOE = ("--model", "qwen3-moe-tiny")  # a mutant option after OPTIONS overrides its --model
 
@@ -61,7 +71,6 @@ TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  
 DETOK_TESTS = "tests/engine/test_detokenizer.py"
 FP8_ENGINE, FP8_KERNELS = "tests/engine/test_fp8_kv_cache.py", "tests/kernels/test_kernel_fp8_kv.py"
 FP8_TIER = ("conformance/test_fp8_kv.py",)
-FP8_KERNEL_CHECK = ("conformance/test_fp8_kv.py", "-k", "kernels")
 GLUON_FP8, GLUON_TESTS = "nanovllm_ref/kernels/decode_attention_fp8.py", "tests/kernels/test_decode_attention_fp8.py"
 INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",

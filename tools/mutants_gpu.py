@@ -30,11 +30,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mutation import IGNORE, OPTIONS, Mutant, check_snippets, failing_tests, pytest_command, pytest_env
+from .mutation import (
+    FP8_KERNEL_CHECK,
+    IGNORE,
+    OPTIONS,
+    Mutant,
+    check_snippets,
+    failing_tests,
+    pytest_command,
+    pytest_env,
+)
 
 KERNEL_MODULE = "conformance/test_kernels.py"
 INVARIANCE_MODULE = "conformance/test_batch_invariance.py"
-FP8_MODULE = "conformance/test_fp8_kv.py"
 # a fixed KV cache: sized from free memory (90% of the GPU by default), two engines started at once would
 # each count the other's cache against their own budget, and the kernel tests next to them would run out
 GOLDEN_GPU = ("conformance/test_golden.py", "-m", "gpu", "--engine-arg", "num_kvcache_blocks=1024")
@@ -71,8 +79,8 @@ def gpu_args(m: Mutant) -> tuple[str, ...]:
         return (*m.conformance, "-m", "gpu", *m.gpu_args)
     if INVARIANCE_MODULE in m.conformance:  # its CPU run, moved to CUDA by the gpu_args (device, dtype)
         return (*m.conformance, *m.gpu_args)
-    if FP8_MODULE in m.conformance:  # the fp8 kernels' check, which runs them on CUDA (Gluon's at head_dim 128)
-        return (FP8_MODULE, "-k", "kernels", *m.gpu_args)
+    if FP8_KERNEL_CHECK[0] in m.conformance:  # the fp8 kernels' check, which runs them on CUDA (Gluon's at 128)
+        return (*FP8_KERNEL_CHECK, *m.gpu_args)
     return (*GOLDEN_GPU, *m.gpu_args)
 
 

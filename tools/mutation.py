@@ -21,6 +21,8 @@ IGNORE = shutil.ignore_patterns(".git", ".nox", ".venv", ".whl", "build", "dist"
                                 ".pytest_cache", ".hypothesis", ".benchmarks", ".ruff_cache", "examples")
 # conformance options (global, from the plugin): one checkpoint in float32
 OPTIONS = ("--model", "qwen3-tiny", "--dtype", "float32", "--report", os.devnull)
+# the fp8 tier's kernel check: nanovllm_ref's fp8 kernels against the oracle's rule, on CUDA when there is one
+FP8_KERNEL_CHECK = ("conformance/test_fp8_kv.py", "-k", "kernels")
 # the conformance suite without its kernel module, the cheap-and-sharp workload first
 CONFORMANCE = ("conformance/test_workload.py", "conformance/test_golden.py", "conformance/test_invariance.py",
                "conformance/test_policy.py", "conformance/test_sampling.py", "conformance/test_sampling_steps.py",

@@ -102,7 +102,11 @@ def test_fp8_kv_kernels(options, d, q_dtype) -> None:
     for i, want in enumerate((kq, vq)):
         got = caches[i].view(-1, kv_heads, d)[slots.to(device)].float().cpu() * scales[i][:, None]
         assert torch.equal(got, want), "stored fp8 values differ from the rule"
-    q = torch.randn(len(ctx), heads, d, generator=gen).to(getattr(torch, q_dtype))
+    q = torch.randn(len(ctx), heads, d, generator=gen)
+    # kv head 1: every score negative (keys >= 0, its queries <= 0), so a zero-filled key past the end that a wrong
+    # mask lets in (score 0) would take most of the weight; with signed scores it hides below bf16's rounding
+    k[:, 1], q[:, 2:] = k[:, 1].abs(), -q[:, 2:].abs() * 0.3
+    q = q.to(getattr(torch, q_dtype))
     tables = torch.tensor([[0, 1, 2, 0, 0], [3, 4, 5, 6, 7]], dtype=torch.int32)
     out = decode_attention(q.to(device), *caches, tables.to(device), torch.tensor(ctx, dtype=torch.int32).to(device),
                            d**-0.5, kv_scales=scales.to(device)).float().cpu()

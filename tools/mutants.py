@@ -472,7 +472,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-no-saturation", "nanovllm_ref/kernels/_triton_common.py",
       "        x = tl.minimum(tl.maximum(x, -448.0), 448.0)\n", "",
       "FP8 KV Triton store: no clamp to +-448 before the e4m3 conversion (out-of-range values wrap or turn NaN)",
-      (FP8_KERNELS,), FP8_TIER),
+      (FP8_KERNELS,), FP8_TIER, gpu_equivalent="compiled for sm_89+, Triton converts to e4m3 with "
+      "cvt.rn.satfinite, which saturates by itself: the clamp matters to the interpreter and other backends"),
     M("fp8-dequant-wrong-dtype", "nanovllm_ref/kernels/prefill_attention.py", "dequantize_kv(x.view(FP8), ",
       "dequantize_kv(x, ", "FP8 KV (sdpa, the CPU default): the cache's bytes dequantized as uint8, not e4m3",
       (FP8_ENGINE,), FP8_TIER),
@@ -497,9 +498,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fp8-gluon-v-scale-axis", GLUON_FP8, "acc = acc * gl.load(kv_scale_ptr + num_kv_heads + kvh)",
       "acc = acc * gl.load(kv_scale_ptr + 2 * kvh + 1)", "FP8 KV Gluon decode: the V scale read from a (kv_heads, 2) "
       "layout", (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
-    M("fp8-gluon-v-bytes-unpaired", GLUON_FP8, "gl.convert_layout(v_raw, v_layout(BLOCK_N, True), assert_trivial=True)",
-      "gl.convert_layout(v_raw, v_layout(BLOCK_N, False), assert_trivial=True)",
-      "FP8 KV Gluon decode: V's bytes converted in pairs of one key's neighbouring dims, not of neighbouring keys",
+    M("fp8-gluon-cvt-halves-swapped", GLUON_FP8, "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi;",
+      "cvt.rn.f16x2.e4m3x2 $0, hi; cvt.rn.f16x2.e4m3x2 $1, lo;",
+      "FP8 KV Gluon decode: a register's two e4m3 pairs converted into each other's float16 halves",
+      (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
+    M("fp8-gluon-tail-mask", GLUON_FP8, "s = gl.where((n0 + keys < end)[:, None]",
+      "s = gl.where((n0 + keys <= end)[:, None]",
+      "FP8 KV Gluon decode: the tile mask keeps one key past the split's end (a zero-filled or next split's key)",
       (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
     # batch-invariant mode (kernels/matmul.py, kernels/invariant_attention.py): caught by the invariance module in
     # exact mode with the mode on; the CUDA sites by the same module on the GPU (bf16)

@@ -70,7 +70,7 @@ def in_triton_kernel(root: Path, m: Mutant) -> bool:
 
 def gpu_mutants(root: Path, mutants: list[Mutant] | tuple[Mutant, ...]) -> list[Mutant]:
     check_snippets(root, list(mutants))
-    return [m for m in mutants if m.gpu or in_triton_kernel(root, m)]
+    return [m for m in mutants if (m.gpu or in_triton_kernel(root, m)) and not m.gpu_equivalent]
 
 
 def gpu_args(m: Mutant) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.order = torch.arange(n, dtype=torch.int64, device=device)  # longest context first (decode attention)
+        self.identity = torch.arange(n, dtype=torch.int64, device=device)  # padded slots (no context) go last
         self.hidden = torch.empty(n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.max_model_len = max_model_len  # an upper bound of the context: steers the decode splits
@@ -75,6 +76,6 @@ class DecodeGraphs:
         self.seq_lens[:n] = meta.seq_lens
         self.slot_mapping[n:bs], self.seq_lens[n:bs] = -1, 0
         self.block_tables[:n, :width] = meta.block_tables
-        self.order[:bs] = torch.argsort(self.seq_lens[:bs], descending=True, stable=True)
+        self.order[:n], self.order[n:bs] = meta.decode_order, self.identity[n:bs]
         self.graphs[bs].replay()
         return self.hidden[:n]

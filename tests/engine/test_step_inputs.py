@@ -66,3 +66,23 @@ def test_tensor_parallel_wire_keeps_every_field(block_size, data):
         mine, theirs = getattr(step, name), getattr(got, name)
         assert type(mine) is type(theirs), name
         assert (np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs), name
+
+
+def test_decode_steps_carry_the_longest_context_first_order() -> None:
+    """stage_step sorts a decode step's sequences for the decode kernel on the host (ties keep batch order: the
+    kernel's bits do not depend on it, tests/kernels/test_kernel_attention.py); prefill steps carry none."""
+    import torch
+
+    from nanovllm_ref.engine.model_runner import stage_step
+
+    seqs = []
+    for i, n in enumerate([5, 9, 5, 12, 1]):
+        seq = Sequence("r", list(range(n)), SamplingParams(max_tokens=1), seed=0)
+        seq.block_table, seq.num_computed_tokens = array("i", [i]), n - 1
+        seqs.append((seq, 1))
+    decode = prepare_step(SchedulerOutput(scheduled=seqs), 16)
+    meta = stage_step(decode, torch.device("cpu"), 64)[2]
+    assert meta.decode_order.tolist() == [3, 1, 0, 2, 4]
+    seqs[0][0].num_computed_tokens = 0
+    prefill = prepare_step(SchedulerOutput(scheduled=[(seqs[0][0], 5), *seqs[1:]]), 16)
+    assert stage_step(prefill, torch.device("cpu"), 64)[2].decode_order is None

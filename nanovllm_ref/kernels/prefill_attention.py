@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_common import LOG2E, dot_precision, f16_dots, tl, triton, upcast_dots
+from ._triton_common import LOG2E, dot_precision, f16_dots, hopper, tl, triton, upcast_dots
 from .kv_quant import FP8, dequantize_kv, split_scales
 
 
@@ -170,17 +170,21 @@ if triton is not None:
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
-def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int) -> dict[str, int]:
+def prefill_tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int,
+                        sm90: bool = False) -> dict[str, int]:
     """Tile shape: ~128 query rows (64 for fp32 or head_dim > 128, to fit registers/shared memory), never
-    more query tokens per tile than the longest query needs."""
+    more query tokens per tile than the longest query needs. `sm90`: the GPU is an H100 / H200."""
     block_g = triton.next_power_of_2(group)
     block_q = max(1, (128 if head_dim <= 128 and dtype != torch.float32 else 64) // block_g)
     # short queries (e.g. decodes mixed with a short chunk): a smaller BLOCK_Q, but >= 16 MMA rows
     # only two variants (long / short queries), so a run compiles the kernel at most twice
     if max_query_len <= 16:
         block_q = max(min(block_q, 16), triton.cdiv(16, block_g))
-    # 32 keys per tile, 2 stages: on the H200 (perf/RESULTS.md, "Kernels") 1.24x faster than 64 keys / 3 stages on
-    # the headline's first prefill step (32 prompts of 100-1,024 tokens) and 1.15x on 4 x 4,096
+    if sm90 and block_q * block_g >= 128:
+        # 64 keys, 4 warps, 3 stages: 0.60-0.81x the time of 32 keys / 8 warps / 2 stages on sm_90 (perf/RESULTS.md,
+        # "Kernels": five prompt mixes, bf16 and fp8 caches, head_dim 64 and 128, GQA 2 and 4); 130 KB of shared
+        # memory, more than other GPUs may have, where the smaller tile stays
+        return {"BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
     return {
         "BLOCK_Q": block_q, "BLOCK_G": block_g, "BLOCK_N": 32,
         "num_warps": 8 if block_q * block_g >= 128 or head_dim > 128 else 4, "num_stages": 2,
@@ -206,7 +210,7 @@ def prefill_attention(
         return out
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())  # host sync
-    cfg = {**prefill_tile_config(head_dim, q.dtype, group, max_query_len), **(tile_config or {})}
+    cfg = {**prefill_tile_config(head_dim, q.dtype, group, max_query_len, hopper(q.device)), **(tile_config or {})}
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_kv_heads, seq_lens.shape[0])
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,

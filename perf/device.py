@@ -19,7 +19,8 @@ Plans (every command is a public tool of this repository; nothing here has numbe
 - `mutants`: the GPU column of the mutation table (`python -m tools.mutants --gpu`);
 - `fp8`: the headline with the FP8 KV cache and with bf16 KV in one perf-suite session (the fp8 headline's
   baseline saved: copy it into perf/results/<gpu-slug>/), the fp8 decode-kernel sweep (perf/fp8_decode_sweep.py),
-  the fp8 kernel tests compiled on the GPU, then the fp8-kv conformance tier on every golden checkpoint, side by side;
+  the prefill kernel's tiles (perf/prefill_tiles.py), the fp8 kernel tests compiled on the GPU, then the fp8-kv
+  conformance tier on every golden checkpoint, side by side;
 - `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
   TP cases (needs two GPUs).
 Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
@@ -93,13 +94,14 @@ def _fp8() -> tuple[Step, ...]:
     sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "320", "640",
                                       "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2",
                                       "g:32/3/r", "g:64/2/r"), 180)
+    prefill = Step("prefill_tiles", ("{python}", "-m", "perf.prefill_tiles"), 150)
     kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py",  # compiled, on CUDA
                                         "tests/kernels/test_decode_attention_fp8.py", "-k", "not 16x6 and not 32x2"),
                    180)
     tier = tuple(Step(f"fp8kv_{m}", (*PYTEST, "-m", "gpu", "conformance/test_fp8_kv.py", "--model", m, "--engine-arg",
                                      "gpu_memory_utilization=0.04", "--torch-threads", "1", "--report", os.devnull),
                       200, alongside=True) for m in goldens())
-    return (headline, sweep, kernels, *tier)
+    return (headline, sweep, prefill, kernels, *tier)
 
 
 def _kernel_gate(compare: bool) -> Step:

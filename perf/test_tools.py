@@ -310,3 +310,20 @@ def test_ncu_decode_prints_stalls_and_bank_conflicts(monkeypatch, capsys):
     assert "short_scoreboard 2.02" in stalls and "wait" not in stalls  # below 0.05 cycles: left out
     assert "shared stores: 6,026,792 wavefronts, 3,398,496 of them bank conflicts" in out
     assert "shared loads : ? wavefronts, ? of them bank conflicts" in out
+
+
+def test_prefill_tiles_shapes_and_the_sm90_tile():
+    import torch
+
+    from nanovllm_ref.kernels.prefill_attention import prefill_tile_config
+    from perf.prefill_tiles import headline_lens, shapes
+
+    lens = headline_lens()
+    assert sum(lens) == 16384 and len(lens) == 32 and all(n > 0 for n in lens)
+    assert all(heads % 8 == 0 and d in (64, 128) for _, heads, d in shapes().values())
+    # on sm_90 the 128-row tiles take the swept tile; 64-row tiles (fp32, head_dim > 128) and other GPUs do not
+    sm90 = prefill_tile_config(128, torch.bfloat16, 2, 1024, sm90=True)
+    assert sm90 == {"BLOCK_Q": 64, "BLOCK_G": 2, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    assert prefill_tile_config(128, torch.bfloat16, 2, 1024)["BLOCK_N"] == 32
+    assert prefill_tile_config(256, torch.bfloat16, 2, 1024, sm90=True)["BLOCK_N"] == 32
+    assert prefill_tile_config(128, torch.float32, 2, 1024, sm90=True)["BLOCK_N"] == 32

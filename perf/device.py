@@ -19,8 +19,8 @@ Plans (every command is a public tool of this repository; nothing here has numbe
 - `mutants`: the GPU column of the mutation table (`python -m tools.mutants --gpu`);
 - `fp8`: the headline with the FP8 KV cache and with bf16 KV in one perf-suite session (the fp8 headline's
   baseline saved: copy it into perf/results/<gpu-slug>/), the fp8 decode-kernel sweep (perf/fp8_decode_sweep.py),
-  the prefill kernel's tiles (perf/prefill_tiles.py), the fp8 kernel tests compiled on the GPU, then the fp8-kv
-  conformance tier on every golden checkpoint, side by side;
+  the prefill kernel's tiles (perf/prefill_tiles.py), the fp8 step breakdown (perf/profile_step.py), the fp8 kernel
+  tests compiled on the GPU, then the fp8-kv conformance tier on every golden checkpoint, side by side;
 - `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
   TP cases (needs two GPUs).
 Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
@@ -95,13 +95,15 @@ def _fp8() -> tuple[Step, ...]:
                                       "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2",
                                       "g:32/3/r", "g:64/2/r"), 180)
     prefill = Step("prefill_tiles", ("{python}", "-m", "perf.prefill_tiles"), 150)
+    profile = Step("profile_step_fp8", ("{python}", "-m", "perf.profile_step", "--arch", "qwen3-0.6b", "--temperature",
+                                        "0", "--kv-cache-dtype", "fp8", "--json", "{logs}/profile_step_fp8.json"), 120)
     kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py",  # compiled, on CUDA
                                         "tests/kernels/test_decode_attention_fp8.py", "-k", "not 16x6 and not 32x2"),
                    180)
     tier = tuple(Step(f"fp8kv_{m}", (*PYTEST, "-m", "gpu", "conformance/test_fp8_kv.py", "--model", m, "--engine-arg",
                                      "gpu_memory_utilization=0.04", "--torch-threads", "1", "--report", os.devnull),
                       200, alongside=True) for m in goldens())
-    return (headline, sweep, prefill, kernels, *tier)
+    return (headline, sweep, prefill, profile, kernels, *tier)
 
 
 def _kernel_gate(compare: bool) -> Step:
@@ -146,7 +148,8 @@ PLANS = {p.name: p for p in (
     Plan("mutants", "the GPU column of the mutation table", (
         Step("mutants_gpu", ("{python}", "-m", "tools.mutants", "--gpu", "--jobs", "16", "--timeout", "420",
                              "--budget", "480", "--out", "{logs}/mutants_gpu"), 540),)),
-    Plan("fp8", "the headline with FP8 and bf16 KV (fp8 baseline saved), fp8 decode sweep, fp8 kernels, fp8-kv tier",
+    Plan("fp8", "the headline with FP8 and bf16 KV (fp8 baseline saved), fp8 decode sweep, prefill tiles, fp8 step "
+         "profile, fp8 kernels, fp8-kv tier",
          _fp8()),
     Plan("tp", "TP=1 vs TP=2 (Qwen3-8B, 128 requests), TP=2 conformance, the perf TP cases", _tp()),
 )}

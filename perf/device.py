@@ -92,8 +92,7 @@ def _fp8() -> tuple[Step, ...]:
                                           "--benchmark-storage=file://{logs}/benchmarks", "--benchmark-autosave",
                                           "--benchmark-json={logs}/perf_headline_fp8.json"), 240)
     sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "320", "640",
-                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2",
-                                      "g:32/3/r", "g:64/2/r"), 180)
+                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2"), 150)
     prefill = Step("prefill_tiles", ("{python}", "-m", "perf.prefill_tiles"), 150)
     profile = Step("profile_step_fp8", ("{python}", "-m", "perf.profile_step", "--arch", "qwen3-0.6b", "--temperature",
                                         "0", "--kv-cache-dtype", "fp8", "--json", "{logs}/profile_step_fp8.json"), 120)

@@ -53,9 +53,9 @@ def headline_step(step: int, dtype=torch.bfloat16, block_size: int = 16, max_mod
 def parse_tile(tile: str) -> tuple[bool, dict]:
     """`[bf16:]BLOCK_N/warps/stages[/rN][/s]` or `g:BLOCK_N/STAGES` (the Gluon kernel, kernels/decode_attention_fp8.py)
     -> (fp8 cache, decode_attention's tile_config)."""
-    if tile.startswith("g:"):  # g:BLOCK_N/STAGES[/r]: r, the Gluon kernel's LANE_ROWS copies
-        bn, st, *extra = tile[2:].split("/")
-        return True, {"GLUON": 1, "BLOCK_N": int(bn), "STAGES": int(st), **({"LANE_ROWS": True} if extra else {})}
+    if tile.startswith("g:"):
+        bn, st = tile[2:].split("/")
+        return True, {"GLUON": 1, "BLOCK_N": int(bn), "STAGES": int(st)}
     bn, w, st, *extra = tile.removeprefix("bf16:").split("/")
     cfg = {"BLOCK_N": int(bn), "num_warps": int(w), "num_stages": int(st)}
     for field in extra:  # rN: at most N registers per thread (maxnreg); s: transposed products (SWAP)

@@ -293,7 +293,6 @@ def test_ncu_decode_reads_ncu_csv_and_tiles():
     assert parse_tile("32/1/8/s") == (True, {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8, "SWAP": True})
     assert parse_tile("bf16:64/2/4/r128") == (False, {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4, "maxnreg": 128})
     assert parse_tile("g:32/3") == (True, {"GLUON": 1, "BLOCK_N": 32, "STAGES": 3})
-    assert parse_tile("g:64/2/r") == (True, {"GLUON": 1, "BLOCK_N": 64, "STAGES": 2, "LANE_ROWS": True})
 
 
 def test_ncu_decode_prints_stalls_and_bank_conflicts(monkeypatch, capsys):

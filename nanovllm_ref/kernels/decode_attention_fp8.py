@@ -65,6 +65,7 @@ try:  # a Gluon of another API (triton 3.4-3.5) does not build these: the Triton
     MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     A_OP, B_OP = gl.DotOperandLayout(0, MMA, 2), gl.DotOperandLayout(1, MMA, 2)
     ROWS = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])  # Q loads and O stores: a row per 32 lanes
+    COPY = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])  # the async copies: 16-byte chunks
     RING = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
     D: gl.constexpr = gl.constexpr(HEAD_DIM)
     # renamed after triton 3.6 (the old names remain, raising or gone)
@@ -74,17 +75,6 @@ except (NameError, AttributeError, TypeError):
     gluon = None
 
 if gluon is not None:
-    @constexpr_function
-    def copy_layout(n, lane_rows):
-        """(n keys, 128 bytes) as the async copies move them, 16-byte chunks: rows interleaved across lanes, or
-        (lane_rows, a tile option) n // 4 consecutive rows per lane, so that a lane's rows share a cache block and
-        one block-table entry (measured on sm_90 off-GPU: 484 loop instructions per 32-key tile against 530)."""
-        if not lane_rows:
-            return gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
-        rows = [[1 << i, 0] for i in range((n // 4).bit_length() - 1)]
-        return gl.DistributedLinearLayout([[0, 1], [0, 2], [0, 4], [0, 8]] + rows,
-                                          [[0, 16], [0, 32], [0, 64], [n // 4, 0], [n // 2, 0]], [], [], [n, 128])
-
     @constexpr_function
     def k_layout(n):
         """(n keys, 128 bytes) as the K operand wants them after `_k_order`: lane (groupID, c) holds bytes
@@ -123,25 +113,22 @@ if gluon is not None:
         return gl.reshape(x, [128, N])
 
     @gluon.jit
-    def _tile_blocks(bt_row, n0, end, BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LANE_ROWS: gl.constexpr):
+    def _tile_blocks(bt_row, n0, end, BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
         # the cache block of the tile at n0 (a scalar when the tile lies in one block, else one per key); keys
         # past the end take the last key's, or the first entry's for an empty context (their copies are masked off)
         LOG2_BS: gl.constexpr = BLOCK_SIZE.bit_length() - 1  # block sizes are powers of two (EngineConfig)
         if BLOCK_N <= BLOCK_SIZE:
             blk = gl.load(bt_row + (gl.maximum(gl.minimum(n0, end - 1), 0) >> LOG2_BS)).to(gl.int64)
         else:
-            keys = gl.arange(0, BLOCK_N, gl.SliceLayout(1, copy_layout(BLOCK_N, LANE_ROWS)))
-            rows = gl.maximum(gl.minimum(n0 + keys, end - 1), 0) >> LOG2_BS
-            if LANE_ROWS:  # a lane's BLOCK_N // 4 rows start at a multiple of it, inside one block: one load
-                rows = gl.max_constancy(rows, min(BLOCK_N // 4, BLOCK_SIZE))
-            blk = gl.load(bt_row + rows).to(gl.int64)
+            keys = gl.arange(0, BLOCK_N, gl.SliceLayout(1, COPY))
+            blk = gl.load(bt_row + (gl.maximum(gl.minimum(n0 + keys, end - 1), 0) >> LOG2_BS)).to(gl.int64)
         return blk
 
     @gluon.jit
     def _copy_tile(k_ring, v_ring, slot, k_base, v_base, blk, n0, end, stride_cb, stride_cs,
-                   BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LANE_ROWS: gl.constexpr):
-        keys = gl.arange(0, BLOCK_N, gl.SliceLayout(1, copy_layout(BLOCK_N, LANE_ROWS)))
-        cols = gl.arange(0, D, gl.SliceLayout(0, copy_layout(BLOCK_N, LANE_ROWS)))
+                   BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
+        keys = gl.arange(0, BLOCK_N, gl.SliceLayout(1, COPY))
+        cols = gl.arange(0, D, gl.SliceLayout(0, COPY))
         off = blk * stride_cb + ((n0 + keys) & (BLOCK_SIZE - 1)) * stride_cs
         off = off[:, None] + cols[None, :]
         mask = (n0 + keys < end)[:, None]
@@ -174,7 +161,7 @@ if gluon is not None:
         stride_qs, stride_qh, stride_os, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
         group, num_kv_heads, num_splits,
         BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT_OUT: gl.constexpr,
-        HAS_ORDER: gl.constexpr, LANE_ROWS: gl.constexpr = False,
+        HAS_ORDER: gl.constexpr,
     ):
         pid = gl.program_id(0)
         split = pid % num_splits
@@ -203,16 +190,16 @@ if gluon is not None:
         v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, D], RING)
         for i in gl.static_range(STAGES - 1):
             n = start + i * BLOCK_N
-            _copy_tile(k_ring, v_ring, i, k_base, v_base, _tile_blocks(bt_row, n, end, BLOCK_SIZE, BLOCK_N, LANE_ROWS),
-                       n, end, stride_cb, stride_cs, BLOCK_SIZE, BLOCK_N, LANE_ROWS)
+            _copy_tile(k_ring, v_ring, i, k_base, v_base, _tile_blocks(bt_row, n, end, BLOCK_SIZE, BLOCK_N), n, end,
+                       stride_cb, stride_cs, BLOCK_SIZE, BLOCK_N)
         # block-table entries are read an iteration before their copies, so no copy waits on one
-        blk = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, BLOCK_SIZE, BLOCK_N, LANE_ROWS)
+        blk = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, BLOCK_SIZE, BLOCK_N)
         t = 0
         for n0 in range(start, end, BLOCK_N):
             n_ahead = n0 + (STAGES - 1) * BLOCK_N
             _copy_tile(k_ring, v_ring, (t + STAGES - 1) % STAGES, k_base, v_base, blk, n_ahead, end, stride_cb,
-                       stride_cs, BLOCK_SIZE, BLOCK_N, LANE_ROWS)
-            blk = _tile_blocks(bt_row, n_ahead + BLOCK_N, end, BLOCK_SIZE, BLOCK_N, LANE_ROWS)
+                       stride_cs, BLOCK_SIZE, BLOCK_N)
+            blk = _tile_blocks(bt_row, n_ahead + BLOCK_N, end, BLOCK_SIZE, BLOCK_N)
             async_copy.wait_group(STAGES - 1)  # this tile's copies have landed
             thread_barrier()  # ... and are visible to every lane
             k_raw = k_ring.index(t % STAGES).load(k_layout(BLOCK_N))
@@ -254,4 +241,4 @@ def launch_fp8_decode(q, k_cache, v_cache, block_tables, seq_lens, kv_scales, or
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         num_heads // num_kv_heads, num_kv_heads, num_splits,
         BLOCK_SIZE=block_size, BLOCK_N=tile["BLOCK_N"], STAGES=tile["STAGES"], DIRECT_OUT=num_splits == 1,
-        HAS_ORDER=order is not None, LANE_ROWS=bool(tile.get("LANE_ROWS")), num_warps=1)
+        HAS_ORDER=order is not None, num_warps=1)

@@ -41,7 +41,7 @@ class Mutant:
     conformance: tuple[str, ...] = CONFORMANCE  # pytest arguments of the conformance run (after OPTIONS)
     gpu: bool = False  # the site runs only on a GPU: the conformance column needs `pytest conformance -m gpu`
     gpu_args: tuple[str, ...] = ()  # extra arguments of its `--gpu` run (tools/mutants_gpu.py), e.g. engine args
-    gpu_equivalent: str = ""  # why the rewrite changes nothing on a GPU (the GPU column leaves it out), if it does not
+    gpu_equivalent: str = ""  # non-empty: why the rewrite changes nothing on a GPU, so the GPU column leaves it out
 
 
 def check_snippets(root: Path, mutants: list[Mutant]) -> None:

@@ -250,9 +250,8 @@ def decode_attention(
         return out
     sms = num_sms(q.device)
     units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
-    gluon = bool(tile_config.get("GLUON")) if tile_config is not None else (
-        os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") != "1"
-        and gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales, out))
+    gluon = (bool(tile_config.get("GLUON")) if tile_config is not None
+             else gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales, out))
     if gluon:  # an fp8 cache on sm_90: kernels/decode_attention_fp8.py
         cfg = {k: v for k, v in (tile_config or FP8_GLUON_TILE).items() if k != "GLUON"}
     else:

@@ -70,7 +70,8 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_s
     row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)} if step.pending else {}
     dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
     # decode attention takes the longest contexts first; sorted here, a device sort would cost ~18 us a step
-    order = np.argsort(-np.asarray(step.seq_lens), kind="stable") if step.max_query_len == 1 else []
+    decode = step.max_query_len == 1
+    order = np.argsort(-np.asarray(step.seq_lens), kind="stable") if decode else []
     arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
               tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst, rows, order]
     ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows, order = upload(
@@ -79,7 +80,7 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_s
         slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
         block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
-        decode_order=order if step.max_query_len == 1 else None,
+        decode_order=order if decode else None,
     )
     return ids, positions, meta, logits_rows, dst_rows, rows
 

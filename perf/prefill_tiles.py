@@ -21,24 +21,22 @@ from nanovllm_ref.kernels.kv_quant import quantize_kv
 from nanovllm_ref.kernels.prefill_attention import prefill_attention, prefill_tile_config
 from nanovllm_ref.testing.bench import workloads
 
+from .invariant_attention import prefill_steps
+
 BLOCK_SIZE, KV_HEADS = 16, 8
 TILES = ["32/8/2", "32/4/2", "32/4/3", "64/4/2", "64/4/3", "64/8/3", "32/4/4"]
 
 
-def headline_lens(tokens: int = 16384) -> list[int]:
+def headline_lens() -> list[int]:
     """The prompt lengths of the headline's first prefill step (the last prompt chunked to fill the budget)."""
-    lens: list[int] = []
-    for p in workloads.headline().prompts:
-        if sum(lens) + len(p) >= tokens:
-            return [*lens, tokens - sum(lens)]
-        lens.append(len(p))
-    return lens
+    return [tokens for _, _, tokens in prefill_steps(workloads.headline())[0]]
 
 
 def shapes() -> dict[str, tuple[list[int], int, int]]:
     """name -> (prompt lengths, query heads, head_dim); 8 KV heads each."""
-    return {"headline-g2-d128": (headline_lens(), 16, 128), "4x4096-g2-d128": ([4096] * 4, 16, 128),
-            "headline-g4-d128": (headline_lens(), 32, 128), "headline-g2-d64": (headline_lens(), 16, 64),
+    first = headline_lens()
+    return {"headline-g2-d128": (first, 16, 128), "4x4096-g2-d128": ([4096] * 4, 16, 128),
+            "headline-g4-d128": (first, 32, 128), "headline-g2-d64": (first, 16, 64),
             "64x256-g2-d128": ([256] * 64, 16, 128)}
 
 

@@ -262,8 +262,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "Triton sampler: every vocabulary split writes its partial best to the row's first slot",
       (f"{SAMPLING}::test_gumbel_kernel_matches_reference",), kernels("gumbel")),
     M("kernel-nan-row-unflagged", "nanovllm_ref/kernels/sampling.py",
-      "finite &= (x == x)", "finite |= (x == x)", "the Triton sampler does not flag a row of NaN/inf logits",
+      "bad = x * 0.0 + bad", "bad = bad", "the Triton sampler does not flag a row of NaN/inf logits",
       (f"{SAMPLING}::test_gumbel_kernel_matches_reference",), kernels("gumbel")),
+    M("gumbel-noise-series-term", "nanovllm_ref/kernels/sampling.py", "near = w * (1.0 + w * (0.5 + w",
+      "near = w * (1.0 + w * (1.0 + w", "the Triton sampler's -ln(u) series near u = 1 has a wrong w^2 term (noise off "
+      "by up to 3% where it is largest)", ("tests/kernels/test_kernel_sampling.py",), kernels("gumbel")),
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", '"k": kv, "v": kv}', '"v": kv, "k": kv}',
       "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),

@@ -319,6 +319,16 @@ def _sampling_across_splits(device: str) -> tuple:
     return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
 
 
+def _sampling_noise_decides(device: str) -> tuple:
+    """1,024 rows of 64 logits at temperature 1: a row's best two scores often differ by less than 1e-2, so a Gumbel
+    noise that is off by that much where it is large (u near 1, the values that win) draws other tokens."""
+    gen = torch.Generator().manual_seed(17)
+    n = 1024
+    logits = torch.randn(n, 64, generator=gen)
+    seeds = torch.arange(n) * 7919 + 3
+    return tuple(t.to(device) for t in (logits, torch.ones(n), seeds, torch.arange(n) + 40))
+
+
 def _silu_wide_rows(device: str) -> tuple:
     """Rows wider than one 1,024-column block (2,500 = 2 full blocks and a partial one)."""
     gen = torch.Generator().manual_seed(13)
@@ -342,7 +352,7 @@ def _norm_with_residual(dtype: torch.dtype) -> Callable[[str], tuple]:
 FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "decode_attention": {"every-split-every-kv-head-float32": _decode_every_split(torch.float32),
                          "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
-    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits},
+    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
     "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
                  "residual-float16": _norm_with_residual(torch.float16)},

@@ -48,17 +48,28 @@ class Launched:
     kept: tuple[torch.Tensor, torch.Tensor | None, Any] | None = None
 
 
-def upload(arrays: list, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`arrays` (lists or numpy arrays) on the device with one host-to-device copy: packed into one host buffer
-    (numpy reads a long Python list ~4x faster than torch.tensor), split into views on the device. The buffer is
-    pinned on CUDA (from torch's caching host allocator, which reuses it only once its copy is done): a copy from
-    pageable memory may wait for the stream to drain, which would stall the host behind the forward it just queued
-    and idle the GPU after it. Fresh each step: CPU attention backends may keep a step's tensors (`to` is a no-op
-    there) to compare with the next."""
-    sizes = [len(a) for a in arrays]
-    host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
-    np.concatenate([np.asarray(a, host.numpy().dtype) for a in arrays], out=host.numpy())
-    return host.to(device, non_blocking=True).split(sizes)
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+
+
+def upload(arrays: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """(array, dtype) pairs (lists or numpy arrays; int64, int32 or float32) on the device with one host-to-device
+    copy: packed into one byte buffer (numpy reads a long Python list ~4x faster than torch.tensor), viewed on the
+    device as their dtypes, so no conversion kernel follows the copy. Each starts 16-byte aligned, as fresh tensors do:
+    Triton specializes kernels on a pointer's 16-byte alignment, and an alignment that changed with the step's sizes
+    would compile new variants mid-run. The buffer is pinned on CUDA (from torch's caching host allocator, which reuses
+    it only once its copy is done): a copy from pageable memory may wait for the stream to drain, which would stall the
+    host behind the forward it just queued and idle the GPU after it. Fresh each step: CPU attention backends may keep
+    a step's tensors (`to` is a no-op there) to compare with the next."""
+    spans, total = [], 0
+    for a, dtype in arrays:
+        spans.append((total, len(a) * dtype.itemsize))
+        total += -(-spans[-1][1] // 16) * 16
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    raw = host.numpy()
+    for (a, dtype), (start, size) in zip(arrays, spans):
+        raw[start:start + size].view(_NUMPY[dtype])[:] = a
+    dev = host.to(device, non_blocking=True)
+    return [dev[start:start + size].view(dtype) for (_, dtype), (start, size) in zip(arrays, spans)]
 
 
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,
@@ -72,13 +83,15 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_s
     # decode attention takes the longest contexts first; sorted here, a device sort would cost ~18 us a step
     decode = step.max_query_len == 1
     order = np.argsort(-np.asarray(step.seq_lens), kind="stable") if decode else []
-    arrays = [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
-              tables.ravel(), [] if step.logits_rows_are_all_rows() else step.logits_indices, dst, rows, order]
+    i64, i32 = torch.int64, torch.int32
     ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows, order = upload(
-        arrays, torch.int64, device)
+        [(step.input_ids, i64), (step.positions, i64), (step.slot_mapping, i64), (step.query_start_loc, i32),
+         (step.seq_lens, i32), (tables.ravel(), i32),
+         ([] if step.logits_rows_are_all_rows() else step.logits_indices, i64), (dst, i64), (rows, i64), (order, i64)],
+        device)
     meta = AttentionMetadata(
-        slot_mapping=slots, query_start_loc=starts.int(), seq_lens=seq_lens.int(),
-        block_tables=flat_tables.view(tables.shape).int(), max_query_len=step.max_query_len,
+        slot_mapping=slots, query_start_loc=starts, seq_lens=seq_lens, block_tables=flat_tables.view(tables.shape),
+        max_query_len=step.max_query_len,
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
         decode_order=order if decode else None,
     )
@@ -272,12 +285,14 @@ class ModelRunner:
     def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
         (row indices, processed scores) of the rows that took the processing path, or None)."""
-        # two host-to-device copies for all per-request parameters
-        ints = upload([step.sample_rows, step.top_k, step.seeds, step.counters], torch.int64, self.device)
-        floats = upload([step.temperature, step.top_p], torch.float32, self.device)
-        sample_logits = logits if step.sample_rows_are_all_rows() else logits[ints[0]]
+        # one host-to-device copy for all per-request parameters
+        i64, f32 = torch.int64, torch.float32
+        rows, top_k, seeds, counters, temperature, top_p = upload(
+            [(step.sample_rows, i64), (step.top_k, i64), (step.seeds, i64), (step.counters, i64),
+             (step.temperature, f32), (step.top_p, f32)], self.device)
+        sample_logits = logits if step.sample_rows_are_all_rows() else logits[rows]
         batch = SamplingBatch(
-            temperature=floats[0], top_k=ints[1], top_p=floats[1], seeds=ints[2], counters=ints[3],
+            temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, counters=counters,
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
         )
         if len(step.processed) < len(step.sample_seq_ids):

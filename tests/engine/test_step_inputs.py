@@ -86,3 +86,18 @@ def test_decode_steps_carry_the_longest_context_first_order() -> None:
     seqs[0][0].num_computed_tokens = 0
     prefill = prepare_step(SchedulerOutput(scheduled=[(seqs[0][0], 5), *seqs[1:]]), 16)
     assert stage_step(prefill, torch.device("cpu"), 64)[2].decode_order is None
+
+
+def test_upload_views_each_array_in_its_dtype_at_a_16_byte_boundary():
+    """One buffer, one copy: int64, int32 and float32 arrays (lists, numpy, empty) come back as their dtypes, each at
+    a 16-byte boundary (Triton specializes on a pointer's alignment: one that followed the step's sizes would compile
+    new kernel variants mid-run)."""
+    import torch
+
+    from nanovllm_ref.engine.model_runner import upload
+
+    arrays = [([1, 2, 3], torch.int64), ([4, 5], torch.int32), ([0.5, -1.25], torch.float32), ([], torch.int64),
+              (np.array([7, 8, 9], np.int32), torch.int32), ([2**40], torch.int64)]
+    out = upload(arrays, torch.device("cpu"))
+    for (values, dtype), t in zip(arrays, out):
+        assert t.dtype == dtype and t.tolist() == list(values) and t.data_ptr() % 16 == 0

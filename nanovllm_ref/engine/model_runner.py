@@ -52,24 +52,19 @@ _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float3
 
 
 def upload(arrays: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
-    """(array, dtype) pairs (lists or numpy arrays; int64, int32 or float32) on the device with one host-to-device
-    copy: packed into one byte buffer (numpy reads a long Python list ~4x faster than torch.tensor), viewed on the
-    device as their dtypes, so no conversion kernel follows the copy. Each starts 16-byte aligned, as fresh tensors do:
-    Triton specializes kernels on a pointer's 16-byte alignment, and an alignment that changed with the step's sizes
-    would compile new variants mid-run. The buffer is pinned on CUDA (from torch's caching host allocator, which reuses
-    it only once its copy is done): a copy from pageable memory may wait for the stream to drain, which would stall the
-    host behind the forward it just queued and idle the GPU after it. Fresh each step: CPU attention backends may keep
-    a step's tensors (`to` is a no-op there) to compare with the next."""
-    spans, total = [], 0
-    for a, dtype in arrays:
-        spans.append((total, len(a) * dtype.itemsize))
-        total += -(-spans[-1][1] // 16) * 16
-    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    raw = host.numpy()
-    for (a, dtype), (start, size) in zip(arrays, spans):
-        raw[start:start + size].view(_NUMPY[dtype])[:] = a
+    """(array, dtype) pairs (lists or numpy arrays; int64, int32, float32) on the device with one copy: packed into one
+    byte buffer (numpy reads a long list ~4x faster than torch.tensor), viewed on the device in their dtypes (no
+    conversion kernels), each 16-byte aligned as a fresh tensor (Triton specializes on pointer alignment: one that
+    followed the step's sizes would compile variants mid-run). Pinned on CUDA (torch's caching host allocator reuses
+    it once its copy is done): a copy from pageable memory may wait for the stream to drain, stalling the host behind
+    the forward it just queued. Fresh each step: CPU backends may keep a step's tensors to compare with the next."""
+    sizes = [len(a) * dtype.itemsize for a, dtype in arrays]
+    starts = np.cumsum([0] + [-(-n // 16) * 16 for n in sizes]).tolist()
+    host = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for (a, dtype), start, size in zip(arrays, starts, sizes):
+        host.numpy()[start:start + size].view(_NUMPY[dtype])[:] = a
     dev = host.to(device, non_blocking=True)
-    return [dev[start:start + size].view(dtype) for (_, dtype), (start, size) in zip(arrays, spans)]
+    return [dev[start:start + size].view(dtype) for (_, dtype), start, size in zip(arrays, starts, sizes)]
 
 
 def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,

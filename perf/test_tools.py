@@ -326,3 +326,19 @@ def test_prefill_tiles_shapes_and_the_sm90_tile():
     assert prefill_tile_config(128, torch.bfloat16, 2, 1024)["BLOCK_N"] == 32
     assert prefill_tile_config(256, torch.bfloat16, 2, 1024, sm90=True)["BLOCK_N"] == 32
     assert prefill_tile_config(128, torch.float32, 2, 1024, sm90=True)["BLOCK_N"] == 32
+
+
+def test_graph_launch_gaps_from_a_trace():
+    from perf.graph_launch import graph_gaps
+
+    def op(name, ts, dur, corr, cat="kernel"):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    events = [{"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 300, "args": {"correlation": 7}},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 400, "dur": 200, "args": {"correlation": 9}},
+              op("Memcpy DtoD", 1000, 2, 5, "gpu_memcpy"), op("embed", 1010, 5, 7), op("norm", 1016, 3, 7),
+              op("copy", 1020, 1, 8), op("embed", 1025, 5, 9), op("norm", 1032, 2, 9)]
+    r = graph_gaps(events)
+    assert r["gap_before_us"] == (6, 4, 8)  # 1010 - 1002 and 1025 - 1021: median of the two
+    assert r["after"] == ["Memcpy DtoD", "copy"] and r["host_launch_us"] == 250
+    assert r["inner_gap_us"] == 1.5  # (1016 - 1015) and (1032 - 1030)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from nanovllm_ref.engine.inputs import prepare_step
-from nanovllm_ref.engine.model_runner import stage_step
+from nanovllm_ref.engine.staging import stage_step
 from nanovllm_ref.testing.bench import workloads
 from nanovllm_ref.testing.bench.device import percentile
 from perf.host_sim import BLOCK_SIZE, HostSim

@@ -330,7 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
       (f"{SAMPLING_CONF}::test_seeded_samples_reproducible_one_by_one",
        f"{SAMPLING_CONF}::test_sampling_distribution")),
     # async prefill: steps with prefill chunks launched behind the one in flight
-    M("async-prefill-ids-by-order", "nanovllm_ref/engine/model_runner.py",
+    M("async-prefill-ids-by-order", "nanovllm_ref/engine/staging.py",
       "[row_of[seq_id] for _, seq_id in step.pending]",
       "[i for i, (_, seq_id) in enumerate(step.pending)]",
       "async scheduling feeds a step's rows the step in flight's tokens by order, not by sequence",

@@ -24,8 +24,9 @@ def upload(arrays: list[tuple[Any, torch.dtype]], device: torch.device) -> list[
     sizes = [len(a) * dtype.itemsize for a, dtype in arrays]
     starts = np.cumsum([0] + [-(-n // 16) * 16 for n in sizes]).tolist()
     host = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=device.type == "cuda")
+    raw = host.numpy()
     for (a, dtype), start, size in zip(arrays, starts, sizes):
-        host.numpy()[start:start + size].view(_NUMPY[dtype])[:] = a
+        raw[start:start + size].view(_NUMPY[dtype])[:] = a
     dev = host.to(device, non_blocking=True)
     return [dev[start:start + size].view(dtype) for (_, dtype), start, size in zip(arrays, starts, sizes)]
 

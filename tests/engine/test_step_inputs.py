@@ -66,4 +66,3 @@ def test_tensor_parallel_wire_keeps_every_field(block_size, data):
         mine, theirs = getattr(step, name), getattr(got, name)
         assert type(mine) is type(theirs), name
         assert (np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs), name
-

@@ -82,11 +82,12 @@ def main() -> None:
     ap.add_argument("--arch", default="qwen3-0.6b")
     ap.add_argument("--kv-cache-dtype", default="auto")
     args = ap.parse_args()
+    from nanovllm_ref.attention.metadata import decode_batch_bucket
     from nanovllm_ref.testing.bench.runner import build_llm
 
     runner = build_llm(args.arch, kv_cache_dtype=args.kv_cache_dtype).engine.runner
     graphs, (ids, positions, meta) = runner.graphs, decode_inputs(runner)
-    graph = graphs.graphs[graphs.sizes[-1] if 256 not in graphs.sizes else 256]
+    graph = graphs.graphs[decode_batch_bucket(len(ids))]  # the one graphs.run replays
     pinned, staging = torch.zeros(4096, dtype=torch.int64, pin_memory=True), torch.empty(4096, dtype=torch.int64,
                                                                                           device="cuda")
     x = torch.zeros(1024, device="cuda")

@@ -425,7 +425,7 @@ def main(names: list[str] | None = None) -> None:
         if names and spec.name not in names:
             continue
         if spec.random_logit_std is not None:
-            other = make_tokenizers.train(spec.tokenizer, VOCAB_SIZE)
+            other = make_tokenizers.train(spec.tokenizer, VOCAB_SIZE, [read_text(p) for p in corpus_files()])
             model, stats = random_model(spec, other, *make_tokenizers.special_ids(spec.tokenizer, other))
             stats["tokenizer_text"] = {"files": len(corpus_files()), "glob": "<stdlib>/*.py", "kind": spec.tokenizer}
             print(f"saved {save_checkpoint(model, other, spec, stats)}: random weights, {spec.tokenizer} tokenizer")

@@ -8,7 +8,7 @@ For each checkpoint, dtype (float32, bfloat16) and the first PROMPTS golden prom
   with each penalty of REPETITION_PENALTIES (the argmax of the penalized logits, lowest id on ties), with the
   top-TOP_K log-softmax of the penalized logits at every step;
 - `processed`: for each warper setting of WARPERS, the top-TOP_K processed logprobs (transformers' processors
-  in its order, see nanovllm_ref/oracle/sampling_reference.py) of the next token after each prompt cut at
+  in its order, see golden/hf_sampling.py) of the next token after each prompt cut at
   CUTS fixed lengths (the positions where they are measured).
 Logits come from the model with eager attention on the CPU, one sequence at a time, no padding, no cache (the
 full sequence is recomputed at every step), cast to float32. conformance/test_sampling.py::test_sampling_golden*
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from golden.hf_sampling import ReferenceSampler
 from golden.load import checkpoint_path, list_checkpoints, load_golden
-from nanovllm_ref.oracle.sampling_reference import ReferenceSampler
 
 SAMPLING_DIR = Path(__file__).resolve().parent / "sampling"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -12,9 +12,10 @@ never shows (golden/README.md, "Other tokenizer kinds"):
   leading space. ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2 (eos), the 256 byte tokens 3..258, then the merges; added
   special tokens ``<|im_start|>``, ``<|im_end|>`` last.
 
-Both are trained with ``tokenizers`` on the same stdlib text as the BPE (``make_checkpoints.corpus_files``),
-vocabulary ``make_checkpoints.VOCAB_SIZE`` in all. ``tokenizer_class`` is ``PreTrainedTokenizerFast``, so
-AutoTokenizer decodes exactly as ``tokenizers.Tokenizer.from_file("tokenizer.json")``.
+Both are trained with ``tokenizers`` on the texts given: make_checkpoints passes the same stdlib text as the
+BPE's (``make_checkpoints.corpus_files``) and its ``VOCAB_SIZE`` in all (this module imports nothing of it).
+``tokenizer_class`` is ``PreTrainedTokenizerFast``, so AutoTokenizer decodes exactly as
+``tokenizers.Tokenizer.from_file("tokenizer.json")``.
 """
 
 from __future__ import annotations
@@ -30,24 +31,18 @@ SPM_ALPHABET = 90  # the most frequent characters only: the rest (é, —, emoji
 SPECIAL_ROLES = {"words": ("<|endoftext|>", "<|endoftext|>"), "spm": ("</s>", "<s>")}
 
 
-def _texts() -> list[str]:
-    from golden.make_checkpoints import corpus_files, read_text
-
-    return [read_text(p) for p in corpus_files()]
-
-
-def train_words(vocab_size: int):
+def train_words(vocab_size: int, texts: list[str]):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=list(WORD_SPECIALS), show_progress=False)
-    tok.train_from_iterator(_texts(), trainer)
+    tok.train_from_iterator(texts, trainer)
     assert tok.token_to_id(WORD_SPECIALS[0]) == 0 and tok.get_vocab_size() == vocab_size
     return tok
 
 
-def train_spm(vocab_size: int):
+def train_spm(vocab_size: int, texts: list[str]):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     metaspace = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
@@ -56,7 +51,7 @@ def train_spm(vocab_size: int):
     draft.pre_tokenizer = metaspace
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(fixed) - len(CHAT_SPECIALS), min_frequency=2,
                                   limit_alphabet=SPM_ALPHABET, show_progress=False)
-    draft.train_from_iterator(_texts(), trainer)
+    draft.train_from_iterator(texts, trainer)
     learned = json.loads(draft.to_str())["model"]
     vocab = {t: i for i, t in enumerate(fixed)}
     for token, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
@@ -72,8 +67,8 @@ def train_spm(vocab_size: int):
     return tok
 
 
-def train(kind: str, vocab_size: int):
-    return {"words": train_words, "spm": train_spm}[kind](vocab_size)
+def train(kind: str, vocab_size: int, texts: list[str]):
+    return {"words": train_words, "spm": train_spm}[kind](vocab_size, texts)
 
 
 def save(kind: str, tok, folder: Path) -> None:

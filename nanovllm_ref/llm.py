@@ -1,6 +1,7 @@
 """The user-facing entry point: `LLM(model, **config).generate(prompts, sampling_params)` and `.chat(messages)`.
 
-`model` is a checkpoint folder or a golden checkpoint's name (golden.load.resolve_model). The prompt forms and
+`model` is a checkpoint folder (a golden checkpoint's name is the caller's to resolve: golden.load.resolve_model,
+as the CLI and the oracle do). The prompt forms and
 the `chat` signature follow vLLM's `LLM`: one prompt or a list; a text, token ids, or a
 `{"prompt": ...}` / `{"prompt_token_ids": ...}` dict; one conversation (OpenAI-style messages) or a list of them.
 """
@@ -22,11 +23,9 @@ Prompt = str | list[int] | dict
 
 
 class LLM:
-    def __init__(self, model: str, **config: Any) -> None:
-        from golden.load import resolve_model
-
+    def __init__(self, model: str | os.PathLike, **config: Any) -> None:
         self.model_name = str(model)  # as given (the served name's default)
-        path = resolve_model(model) if isinstance(model, (str, os.PathLike)) else model
+        path = os.fspath(model) if isinstance(model, os.PathLike) else model
         self.config = Config.from_kwargs(path, **config)
         self.engine = LLMEngine(self.config)
 
@@ -71,7 +70,7 @@ class LLM:
         conversations = messages if isinstance(messages[0], (list, tuple)) else [messages]
         options = dict(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                        **(chat_template_kwargs or {}))
-        from .serve.chat_template import render_chat  # (the server's and the chat CLI's renderer too)
+        from .chat_template import render_chat  # (the server's and the chat CLI's renderer too)
 
         texts = [render_chat(self.tokenizer, c, chat_template, **options) for c in conversations]
         # the template writes its own special tokens (BOS included)

@@ -15,8 +15,8 @@ import dataclasses
 import signal
 from typing import Any
 
+from ..chat_template import render_chat
 from ..sampling_params import SamplingParams
-from .chat_template import render_chat
 
 QUIT = ("/exit", "/bye", "/quit", "exit", "quit")
 HELP = ("/exit, /bye, Ctrl-D   quit\n/clear                forget the conversation\n"

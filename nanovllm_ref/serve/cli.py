@@ -55,14 +55,20 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def engine_settings(args: argparse.Namespace) -> dict:
-    """The engine's settings, checked (the model resolved, the config validated) before torch loads."""
+def model_folder(args: argparse.Namespace) -> str:
+    """MODEL's checkpoint folder: a folder as given, a golden checkpoint's name resolved (the CLI's reading, not
+    the engine's: `LLM` takes a folder)."""
     from golden.load import resolve_model
 
+    return checked(resolve_model, args.model)
+
+
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The engine's settings, checked (the model resolved, the config validated) before torch loads."""
     from ..config import Config
 
     kwargs = engine_kwargs(args)
-    checked(Config.from_kwargs, checked(resolve_model, args.model), **kwargs)
+    checked(Config.from_kwargs, model_folder(args), **kwargs)
     return kwargs
 
 
@@ -75,7 +81,9 @@ def load_llm(args: argparse.Namespace) -> Any:
     tp = kwargs.get("tensor_parallel_size", 1)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if isinstance(tp, int) and tp > 1 else None
     try:
-        return checked(LLM, args.model, **kwargs)
+        llm = checked(LLM, model_folder(args), **kwargs)
+        llm.model_name = args.model  # as given, a golden name too: the served name's default and an alias
+        return llm
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -144,8 +152,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from ..chat_template import read_chat_template
     from .chat import ChatSession
-    from .chat_template import read_chat_template
 
     params, template = sampling(args), checked(read_chat_template, args.chat_template)
     if sys.stdin.isatty():

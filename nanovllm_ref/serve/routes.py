@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from .chat_template import render_chat
+from ..chat_template import render_chat
 from .engine_loop import EngineLoop
 from .handlers import Choice, Generation, error_event, run_to_end, sse
 from .params import BadRequest, plan_request

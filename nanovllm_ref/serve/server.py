@@ -19,10 +19,10 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..chat_template import read_chat_template
 from ..llm import LLM
 from ..loader import load_tokenizer
 from .app import ACCESS_LOG, build_app
-from .chat_template import read_chat_template
 from .engine_loop import EngineLoop
 from .routes import Served
 

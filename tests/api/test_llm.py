@@ -1,13 +1,14 @@
 """`LLM`'s offline API as vLLM users call it: `generate` with one prompt (a text, token ids, a prompt dict) or a
 list, `chat` with one conversation or a list (the checkpoint's or a given chat template, vLLM's options), and
-golden checkpoint names in place of folders."""
+golden checkpoint names resolved to their folders by the caller (golden.load.resolve_model), never by `LLM`."""
 
 from __future__ import annotations
 
 import pytest
 
+from golden.load import resolve_model
 from nanovllm_ref import LLM, SamplingParams
-from nanovllm_ref.serve.chat_template import read_chat_template
+from nanovllm_ref.chat_template import read_chat_template
 
 from ..conftest import QWEN3, checkpoint_path
 from ..support.server import CHATML
@@ -18,12 +19,15 @@ CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "con
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM(QWEN3, dtype="float32", max_model_len=256) as llm:  # a golden name, not a folder
+    with LLM(resolve_model(QWEN3), dtype="float32", max_model_len=256) as llm:  # a golden name's folder
         yield llm
 
 
-def test_a_golden_name_is_its_checkpoint(llm):
-    assert llm.config.model == str(checkpoint_path(QWEN3)) and llm.model_name == QWEN3
+def test_a_golden_name_resolves_to_its_checkpoint_and_llm_reads_folders_only(llm, tmp_path, monkeypatch):
+    assert llm.config.model == str(checkpoint_path(QWEN3)) == llm.model_name
+    monkeypatch.chdir(tmp_path)  # the engine does not read golden names: that is its callers' (the CLI, the oracle)
+    with pytest.raises(ValueError, match=f"{QWEN3!r} does not exist"):
+        LLM(QWEN3, dtype="float32")
 
 
 def test_one_prompt_in_any_form_equals_the_same_prompt_in_a_list(llm):
@@ -91,7 +95,7 @@ def test_the_readme_snippet_runs_from_any_folder(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     snippet = re.search(r"```python\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
-    assert 'LLM("qwen3-tiny"' in snippet and "llm.chat(" in snippet
+    assert 'LLM(resolve_model("qwen3-tiny")' in snippet and "llm.chat(" in snippet
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
@@ -101,7 +105,7 @@ def test_the_readme_snippet_runs_from_any_folder(tmp_path):
 def test_the_model_resolver_prefers_a_checkpoint_folder_then_a_golden_name(tmp_path, monkeypatch):
     import shutil
 
-    from golden.load import golden_name, resolve_model
+    from golden.load import golden_name
 
     monkeypatch.chdir(tmp_path)
     golden = str(checkpoint_path(QWEN3))
@@ -120,7 +124,7 @@ def test_adapters_take_golden_names_from_any_folder(tmp_path, monkeypatch):
     from nanovllm_ref.oracle.adapters import load_adapter
 
     monkeypatch.chdir(tmp_path)
-    with LLM(QWEN3, dtype="float32", max_model_len=256) as llm:
+    with LLM(resolve_model(QWEN3), dtype="float32", max_model_len=256) as llm:
         [ref] = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
     hf = load_adapter("hf", QWEN3, "float32")  # transformers reads the golden folder, not the hub
     try:

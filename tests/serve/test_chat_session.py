@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from golden.load import resolve_model
 from nanovllm_ref import LLM, SamplingParams
+from nanovllm_ref.chat_template import BUILTIN
 from nanovllm_ref.serve.chat import ChatSession
-from nanovllm_ref.serve.chat_template import BUILTIN
 
 MAX_LEN, MAX_TOKENS = 96, 24
 
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM("qwen3-tiny", dtype="float32", max_model_len=MAX_LEN) as llm:
+    with LLM(resolve_model("qwen3-tiny"), dtype="float32", max_model_len=MAX_LEN) as llm:
         yield llm
 
 

@@ -76,7 +76,8 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_golden_names_work_from_any_folder(tmp_path):
     out = run(["generate", "qwen3-tiny", "def f(", "--max-tokens", "4", "--dtype", "float32"], str(tmp_path))
     assert out.returncode == 0 and "(4 tokens, length)" in out.stdout, out.stderr[-2000:]
-    code = "from nanovllm_ref import LLM; print(LLM('qwen3-tiny').generate('def f(', use_tqdm=False)[0].finish_reason)"
+    code = ("from golden.load import resolve_model; from nanovllm_ref import LLM\n"
+            "print(LLM(resolve_model('qwen3-tiny')).generate('def f(', use_tqdm=False)[0].finish_reason)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=tmp_path,
                          timeout=300)
     assert out.returncode == 0 and out.stdout.split() == ["length"], out.stderr[-2000:]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanovllm_ref import LLM
-from nanovllm_ref.serve.chat_template import read_chat_template
+from nanovllm_ref.chat_template import read_chat_template
 from nanovllm_ref.serve.routes import Served
 from nanovllm_ref.serve.server import ServerConfig, bind, make_served, make_uvicorn
 

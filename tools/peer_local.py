@@ -4,7 +4,7 @@ For one engine: test_golden through ``--engine NAME`` on every golden checkpoint
 (in both config dialects: ``CKPT`` and ``CKPT@rope_scaling``, oracle/dialects.py) and in each quantization it
 ships (against the float32 goldens under that quantization's tier, tolerances.QUANT_TIERS); llama.cpp also through
 its OpenAI-compatible server (``python -m llama_cpp.server``, ``--engine llamacpp:URL``). Then the planted conversion
-bugs (tools/planted_conversions.py) in every precision, each of which must FAIL. Prints the markdown table and writes
+bugs (PLANTED below) in every precision, each of which must FAIL. Prints the markdown table and writes
 it to ``OUT/results.md``, with each run's JSON report and log beside it, and ``OUT/tiers.json``: per precision the
 largest per-position and set-mean |dlogprob| of the correct conversions (what the tiers are derived from). Exit 1 if
 a row failed for a reason not traced to the engine (KNOWN_BUGS) or a planted bug passed.
@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.peer_common import all_passed, markdown, pytest_conformance, rows_of
+import torch
+from safetensors.torch import load_file, save_file
+
+from tools.peer_common import all_passed, markdown, pytest_conformance, rows_of, server_rows
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,78 @@ def suite_rows(eng: PeerEngine, label: str, models: list[str], precision: str | 
     return rows_of(report, label, f"in-process (`--engine {eng.name}`)", names, ["float32"], log, eng.known, shown)
 
 
+# Conversion bugs planted in a copy of a golden checkpoint, to show that a quantization tier still catches what a
+# broken converter produces (tolerances.QUANT_TIERS): the engine converts and runs the planted copy, which is
+# compared with the *original* checkpoint's float32 goldens under the tier, and must fail. drop_bias: every bias
+# tensor zeroed (a converter that drops attention_bias / o_proj.bias, as vLLM's Qwen3 did), on a checkpoint with
+# biases; rope_theta: rope_theta 10000 in config.json, both dialects (a converter that falls back to the default);
+# untied: tie_word_embeddings false and a freshly initialised lm_head.weight (normal, std 0.02, what transformers
+# gives a missing weight), on a tied checkpoint (a converter that does not tie the output layer).
+WEIGHTS = "model.safetensors"
+
+
+def _copy(src: Path, dst: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return json.loads((dst / "config.json").read_text()), load_file(str(dst / WEIGHTS))
+
+
+def _save(dst: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / WEIGHTS), metadata={"format": "pt"})
+
+
+def drop_bias(src: Path, dst: Path) -> None:
+    config, tensors = _copy(src, dst)
+    biases = [k for k in tensors if k.endswith(".bias")]
+    if not biases:
+        raise ValueError(f"{src.name} has no bias to drop")
+    for k in biases:
+        tensors[k] = torch.zeros_like(tensors[k])
+    _save(dst, config, tensors)
+
+
+def rope_theta(src: Path, dst: Path, theta: float = 10000.0) -> None:
+    config, tensors = _copy(src, dst)
+    if config.get("rope_theta") == theta:
+        raise ValueError(f"{src.name} already has rope_theta {theta:g}")
+    config["rope_theta"] = theta
+    if isinstance(config.get("rope_parameters"), dict):
+        config["rope_parameters"]["rope_theta"] = theta
+    _save(dst, config, tensors)
+
+
+def untied(src: Path, dst: Path) -> None:
+    config, tensors = _copy(src, dst)
+    if not config.get("tie_word_embeddings"):
+        raise ValueError(f"{src.name} has untied embeddings already")
+    embed = tensors["model.embed_tokens.weight"]
+    config["tie_word_embeddings"] = False
+    tensors["lm_head.weight"] = torch.randn(embed.shape, generator=torch.Generator().manual_seed(0)) * 0.02
+    _save(dst, config, tensors)
+
+
+PLANTED: dict[str, Callable[[Path, Path], None]] = {"drop_bias": drop_bias, "rope_theta": rope_theta,
+                                                    "untied": untied}
+# the golden checkpoint each is planted in (every engine here runs these architectures)
+PLANTED_IN = {"drop_bias": "qwen3-bias-hd32", "rope_theta": "qwen2-tiny", "untied": "qwen3-tied-hd64"}
+
+
+def plant(bug: str, checkpoint: str, out_dir: str | Path) -> Path:
+    """``out_dir`` holding ``checkpoint`` (a golden name) with ``bug`` planted."""
+    from golden.load import checkpoint_path
+
+    dst = Path(out_dir)
+    PLANTED[bug](Path(checkpoint_path(checkpoint)), dst)
+    return dst
+
+
 def planted_rows(eng: PeerEngine, label: str, precision: str | None, out: Path) -> list[dict]:
     """Each planted conversion bug, converted and run by the engine, compared with the original's goldens under
     the precision's tolerance: a pass here is a miss of the oracle."""
     from nanovllm_ref.oracle.adapters import load_adapter
     from nanovllm_ref.oracle.references import golden_reference, run_check
     from nanovllm_ref.oracle.tolerances import golden_tolerance, quantized_tolerance
-    from tools.planted_conversions import PLANTED_IN, plant
 
     rows = []
     for bug, checkpoint in {**PLANTED_IN, **eng.planted_in}.items():
@@ -166,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
         rows += suite_rows(eng, label, models, precision, out, args.run_s)
         (out / "results.md").write_text(markdown(rows))
     if eng.server and not args.no_server:
-        from tools.peer_llamacpp_server import server_rows
-
         rows += server_rows(label, models, out, args.run_s, eng.known)
     if not args.no_planted:
         for precision in precisions:

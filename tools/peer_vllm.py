@@ -34,7 +34,8 @@ ROUTES = ("in-process", "http", "invariance")
 # failures traced to vLLM itself (conformance/README.md, "Peers"): still run and shown, not failing the session
 KNOWN_VLLM_BUGS = {
     "qwen3-bias-hd32": "vLLM's Qwen3 builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
-    # its MoE path is right: vLLM matches transformers run without o_proj.bias (tools/probe_dropped_bias.py)
+    # its MoE path is right: vLLM matches transformers run without o_proj.bias
+    # (the reproduction: `git show 04813df:tools/probe_dropped_bias.py`)
     "qwen3-moe-unnorm-hd32": "vLLM's Qwen3-MoE builds o_proj with bias=False and drops the checkpoint's o_proj.bias",
 }
 

@@ -11,13 +11,13 @@ llama.cpp vs transformers computing llama.cpp's angles differ by 2.4e-5 at most 
 ``MEASURED[checkpoint][k]``: the largest |dlogprob| (shared top-20 logprobs of every prompt position and generated
 step of the golden prompts; position = the token's index in the sequence) in bucket ``k`` between transformers
 float32 as the goldens run it and the same with exact angles (float64 inv_freq and products, cos/sin rounded once);
-``python -m tools.probe_rope_precision measure`` (CPU, torch 2.13, transformers 5.24, 2026-12-01) printed it.
+``python -m nanovllm_ref.oracle.rope_measure measure`` (CPU, torch 2.13, transformers 5.24, 2026-12-01) printed it.
 """
 
 from __future__ import annotations
 
 BUCKET_ENDS = (64, 128, 256, 512)  # position buckets [0, 64), [64, 128), [128, 256), [256, 512)
-SOURCE = "python -m tools.probe_rope_precision measure (2026-12-01)"
+SOURCE = "python -m nanovllm_ref.oracle.rope_measure measure (2026-12-01)"
 MEASURED: dict[str, tuple[float, float, float, float]] = {
     "llama3-bias-hd32": (1.17e-05, 1.14e-05, 2.57e-05, 3.77e-05),
     "llama3-tiny": (1.38e-05, 1.24e-05, 2.69e-05, 4.72e-05),

@@ -1,7 +1,7 @@
 """The float32 bound by position (tolerances.py ``with_rope_spread``, rope_spread.py, compare.py ``position_tol``).
 
 A correct float32 engine that rounds its RoPE angles otherwise than transformers moves late positions of the sharpened
-goldens past the 1e-4 floor: transformers computing llama.cpp's angles (tools/probe_rope_precision.py) fails
+goldens past the 1e-4 floor: transformers computing llama.cpp's angles (nanovllm_ref/oracle/rope_measure.py) fails
 qwen2-hd64's long prompt under the floor alone, as llama.cpp 0.3.36 did (conformance/README.md, "Peers"), and passes
 under the position-dependent bound, which still fails positions shifted by one and holds only where measured."""
 
@@ -12,9 +12,9 @@ import pytest
 from golden.load import checkpoint_path
 from nanovllm_ref.oracle.compare import FAIL, MATCH, EngineOutput, compare_outputs
 from nanovllm_ref.oracle.references import golden_reference, run_check
+from nanovllm_ref.oracle.rope_measure import by_bucket, hf_with_angles
 from nanovllm_ref.oracle.rope_spread import BUCKET_ENDS, MEASURED, envelope
 from nanovllm_ref.oracle.tolerances import FLOOR, NOISE_FACTOR, golden_tolerance
-from tools.probe_rope_precision import by_bucket, hf_with_angles
 
 BOUNDS = ((64, 8e-5), (128, 8e-5), (256, 2e-4), (512, 2e-4))
 

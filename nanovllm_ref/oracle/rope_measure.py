@@ -1,4 +1,5 @@
-"""How far a correct float32 model moves when only the arithmetic of its RoPE angles changes, by position.
+"""How far a correct float32 model moves when only the arithmetic of its RoPE angles changes, by position: the
+measurement behind rope_spread.MEASURED (the oracle's float32 bound by position).
 
 transformers (the goldens) computes each angle as ``position * inv_freq`` in float32, with ``inv_freq = 1 /
 base ** (2i / d)`` rounded to float32; llama.cpp (ggml's ``rope_f32``, ggml-cpu/ops.cpp ``ggml_rope_cache_init``)
@@ -16,8 +17,8 @@ tolerances.py). ``llamacpp CKPT`` (in a venv with llama-cpp-python, ``NANOVLLM_R
 prints per bucket: llama.cpp vs the goldens, transformers with ggml's angles vs the goldens, and llama.cpp vs
 transformers with ggml's angles (what is left when both compute the same angles).
 
-    python -m tools.probe_rope_precision measure [--models a,b]
-    python -m tools.probe_rope_precision llamacpp qwen2-hd64
+    python -m nanovllm_ref.oracle.rope_measure measure [--models a,b]
+    python -m nanovllm_ref.oracle.rope_measure llamacpp qwen2-hd64
 """
 
 from __future__ import annotations

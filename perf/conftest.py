@@ -31,9 +31,8 @@ from nanovllm_ref.testing.bench.device import gpu_slug, has_cuda, machine_info, 
 from nanovllm_ref.testing.bench.models import ModelShape, model_folder, read_config
 from nanovllm_ref.testing.bench.roofline import Ceilings
 from nanovllm_ref.testing.bench.tables import text_table
-from perf import event_gate
+from perf import BASELINES_DIR, PERF_DIR, ceiling_row, event_gate
 from perf.baseline_check import require_baseline
-from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
 
 DEFAULT_STORAGE = "file://./.benchmarks"
 

@@ -8,6 +8,8 @@ Timing (pytest-benchmark on a GPU):
 - CUDA-event time of the same rounds is recorded in `extra_info` (the accurate figure: no launch or sync
   gap), with GB/s (or TFLOP/s) and the fraction of the measured ceiling computed from it.
 On the CPU the same cases run at toy sizes through the pure-torch references (a smoke test of the harness).
+The kernels come from the one kernel list conformance tests them from (nanovllm_ref.testing.kernels: `KERNELS`'
+references, `nanovllm_ref_candidates`' Triton kernels), so a benchmark times what the kernel tests check.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from typing import Any
 
 import torch
 
-from nanovllm_ref.kernels.decode_attention import decode_attention_reference
-from nanovllm_ref.kernels.prefill_attention import prefill_attention_reference
-from nanovllm_ref.kernels.rmsnorm import rms_norm_reference
-from nanovllm_ref.kernels.store_kv import store_kv_reference
 from nanovllm_ref.layers.sampler import SamplingBatch, sample
 from nanovllm_ref.testing.bench.device import sync, time_fn
 from nanovllm_ref.testing.bench.roofline import Ceilings, causal_pairs
+from nanovllm_ref.testing.kernels import KERNELS, nanovllm_ref_candidates
+
+TRITON_LABELS = ("triton", "triton-splits-auto")  # nanovllm_ref's own kernel of each name, as the engine calls it
 
 SINGLE_SET_BYTES = 128 * 2**20
 ROTATE_BYTES = 256 * 2**20
@@ -68,12 +69,18 @@ def _triton(device: str) -> bool:
     return device == "cuda"
 
 
+def kernel(name: str, device: str) -> Callable:
+    """The kernel a case of `name` (a key of KERNELS) times: nanovllm_ref's Triton kernel on a GPU, else the
+    pure-torch reference (the CPU smoke run)."""
+    if not _triton(device):
+        return KERNELS[name].reference
+    return next(c.fn for c in nanovllm_ref_candidates() if c.kernel == name and c.label in TRITON_LABELS)
+
+
 def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, block_size: int = 16,
                   scattered: bool = False) -> Case:
     """Slots as the engine lays them out: consecutive rows of blocks drawn at random from a pool twice the size
     needed (a prefill fills whole blocks); `scattered`: every token in a random slot (the worst case)."""
-    from nanovllm_ref.kernels.store_kv import store_kv
-
     kvh, hd = shape.num_kv_heads, shape.head_dim
     num_blocks = 2 * -(-num_tokens // block_size)
 
@@ -95,8 +102,7 @@ def store_kv_case(shape: Any, num_tokens: int, device: str, dtype: torch.dtype, 
     sets, size = _replicate(make, device)
     moved = 2 * 2 * num_tokens * kvh * hd * torch.finfo(dtype).bits // 8 + 8 * num_tokens  # K, V read + written
     name = f"store_kv-t{num_tokens}" + ("-scattered" if scattered else "")
-    return Case(name, store_kv if _triton(device) else store_kv_reference, sets, moved,
-                set_bytes=size)
+    return Case(name, kernel("store_kv", device), sets, moved, set_bytes=size)
 
 
 def _paged(contexts: list[int], shape: Any, device: str, dtype: torch.dtype, block_size: int, seed: int,
@@ -117,8 +123,6 @@ def _paged(contexts: list[int], shape: Any, device: str, dtype: torch.dtype, blo
 
 
 def decode_case(shape: Any, batch: int, ctx: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
-    from nanovllm_ref.kernels.decode_attention import decode_attention
-
     scale = shape.head_dim**-0.5
 
     def make(i: int) -> tuple:
@@ -130,8 +134,7 @@ def decode_case(shape: Any, batch: int, ctx: int, device: str, dtype: torch.dtyp
     elem = torch.finfo(dtype).bits // 8
     kv = 2 * batch * ctx * shape.num_kv_heads * shape.head_dim * elem
     qo = 2 * batch * shape.num_heads * shape.head_dim * elem
-    fn = decode_attention if _triton(device) else decode_attention_reference
-    return Case(f"decode-b{batch}-ctx{ctx}", fn, sets, kv + qo, set_bytes=size)
+    return Case(f"decode-b{batch}-ctx{ctx}", kernel("decode_attention", device), sets, kv + qo, set_bytes=size)
 
 
 def decode_mixed_case(shape: Any, contexts: list[int], device: str, dtype: torch.dtype, block_size: int = 16,
@@ -153,7 +156,7 @@ def decode_mixed_case(shape: Any, contexts: list[int], device: str, dtype: torch
 
     def call(q, k_cache, v_cache, tables, seq_lens, order):
         if not _triton(device):
-            return decode_attention_reference(q, k_cache, v_cache, tables, seq_lens, scale)
+            return KERNELS["decode_attention"].reference(q, k_cache, v_cache, tables, seq_lens, scale)
         return decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, max_seq_len=max_model_len,
                                 split_batch=decode_batch_bucket(num_seqs), order=order)
 
@@ -164,8 +167,6 @@ def decode_mixed_case(shape: Any, contexts: list[int], device: str, dtype: torch
 
 
 def prefill_case(shape: Any, num_seqs: int, q_len: int, device: str, dtype: torch.dtype, block_size: int = 16) -> Case:
-    from nanovllm_ref.kernels.prefill_attention import prefill_attention
-
     scale = shape.head_dim**-0.5
 
     def make(i: int) -> tuple:
@@ -178,13 +179,11 @@ def prefill_case(shape: Any, num_seqs: int, q_len: int, device: str, dtype: torc
 
     sets, size = _replicate(make, device)
     flops = 4 * shape.num_heads * shape.head_dim * num_seqs * causal_pairs(q_len, q_len)
-    fn = prefill_attention if _triton(device) else prefill_attention_reference
-    return Case(f"prefill-{num_seqs}x{q_len}", fn, sets, flops_per_call=flops, set_bytes=size)
+    return Case(f"prefill-{num_seqs}x{q_len}", kernel("prefill_attention", device), sets, flops_per_call=flops,
+                set_bytes=size)
 
 
 def rmsnorm_case(num_tokens: int, hidden: int, device: str, dtype: torch.dtype) -> Case:
-    from nanovllm_ref.kernels.rmsnorm import rms_norm
-
     def make(i: int) -> tuple:
         g = torch.Generator(device=device).manual_seed(i)
         x = torch.randn(num_tokens, hidden, device=device, dtype=dtype, generator=g)
@@ -193,8 +192,7 @@ def rmsnorm_case(num_tokens: int, hidden: int, device: str, dtype: torch.dtype) 
 
     sets, size = _replicate(make, device)
     moved = 4 * num_tokens * hidden * torch.finfo(dtype).bits // 8  # x, residual in; out, residual out
-    return Case(f"rmsnorm-t{num_tokens}-h{hidden}", rms_norm if _triton(device) else rms_norm_reference, sets, moved,
-                set_bytes=size)
+    return Case(f"rmsnorm-t{num_tokens}-h{hidden}", kernel("rms_norm", device), sets, moved, set_bytes=size)
 
 
 def sampler_case(batch: int, vocab: int, temperature: float, device: str, dtype: torch.dtype) -> Case:

@@ -22,7 +22,7 @@ from typing import Any
 
 from nanovllm_ref.testing.bench.tables import markdown_table
 
-from .tables import BASELINES_DIR, PLOTS_DIR, RESULTS_DIR
+from . import BASELINES_DIR, PLOTS_DIR, RESULTS_DIR
 
 
 def _load(path: str) -> dict[str, Any] | None:

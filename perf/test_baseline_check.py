@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from perf import PERF_DIR
 from perf.baseline_check import missing_baseline
-from perf.tables import PERF_DIR
 
 ROOT = os.path.dirname(PERF_DIR)
 

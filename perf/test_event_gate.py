@@ -15,8 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from perf import event_gate
-from perf.tables import PERF_DIR
+from perf import PERF_DIR, event_gate
 
 KERNELS, HOST = os.path.join(PERF_DIR, "test_kernels.py"), os.path.join(PERF_DIR, "test_host_overhead.py")
 

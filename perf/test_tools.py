@@ -14,8 +14,7 @@ from nanovllm_ref.testing.bench import workloads
 from nanovllm_ref.testing.bench.device import gpu_slug, percentile, slug
 from nanovllm_ref.testing.bench.models import ARCHS, ModelShape, arch_config, model_folder, read_config
 from nanovllm_ref.testing.bench.roofline import H200, H200_HEADLINE_ROOFLINE_S, decode_step_seconds, roofline
-from perf import peers, report
-from perf.tables import BASELINES_DIR, PERF_DIR, ceiling_row
+from perf import BASELINES_DIR, PERF_DIR, ceiling_row, peers, report
 
 
 def test_headline_totals():
@@ -34,22 +33,6 @@ def test_decode_contexts_follow_the_running_requests():
     assert len(workloads.decode_contexts(w, 99)) == 256 and len(workloads.decode_contexts(w, 1023)) == 1
     total = sum(len(workloads.decode_contexts(w, s)) for s in range(1024))
     assert total == w.output_tokens  # one token per running request per step
-
-
-def test_invariant_attention_prefill_steps_pack_the_headline_prompts():
-    """perf/invariant_attention.py's prefill steps: every prompt token once, in order, chunks contiguous, steps full
-    up to the budget except the last."""
-    from perf.invariant_attention import BUDGET, prefill_steps
-
-    w = workloads.headline()
-    steps = prefill_steps(w)
-    assert [sum(t for _, _, t in s) for s in steps[:-1]] == [BUDGET] * (len(steps) - 1)
-    assert sum(t for s in steps for _, _, t in s) == workloads.HEADLINE_PROMPT_TOKENS
-    seen = [0] * len(w.prompts)
-    for i, first, tokens in (chunk for s in steps for chunk in s):
-        assert first == seen[i] and tokens > 0
-        seen[i] += tokens
-    assert seen == [len(p) for p in w.prompts]
 
 
 def test_other_workloads():
@@ -190,7 +173,18 @@ def test_report(tmp_path):
 
 def test_throughput_chart_has_one_roofline_and_every_bar_labelled(tmp_path):
     pytest.importorskip("matplotlib")
-    records = report.load_results(os.path.join(PERF_DIR, "results"))
+    gpu = {"gpu_name": "GPU X"}
+    engine = {"kind": "engine", "arch": "qwen3-0.6b", "tp": 1, "device": "cuda", "machine": gpu, "timestamp": "t",
+              "throughput": {"workload": {"workload": "headline", "requests": 256, "temperature": 0.0},
+                             "output_tok_s": 20000.0, "total_tok_s": 40000.0, "wall_s": 6.7, "steps": 1032,
+                             "roofline_fraction": 0.55, "roofline": {"output_tok_s": 36000.0}}}
+    sampled = json.loads(json.dumps(engine))
+    sampled["throughput"]["workload"]["temperature"] = 0.6
+    peer = {"kind": "peer", "engine": "hf-cb", "status": "ok", "arch": "qwen3-0.6b", "tp": 1, "output_tok_s": 640.0,
+            "device": "cuda", "wall_s": 200.0, "workload": {"workload": "headline", "requests": 256}, "machine": gpu}
+    for name, record in (("a", engine), ("b", sampled), ("c", peer)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    records = report.load_results(str(tmp_path))
     fig = report._throughput_chart(report._throughput_rows(records))
     ax = fig.axes[0]
     bars = [p for p in ax.patches if p.get_width() > 0]
@@ -279,66 +273,24 @@ def test_cpu_ab_compares_two_trees_in_one_process(capsys):
     assert "greedy tokens equal" in out and "this tree" in out and "CPU-time speed-up per round" in out
 
 
-def test_ncu_decode_reads_ncu_csv_and_tiles():
-    from perf.fp8_decode_sweep import parse_tile
-    from perf.ncu_decode import _number, parse_details
+def test_kept_baselines_hold_the_benchmarks_their_gates_compare():
+    """The saved runs kept in git are what the gates compare against: the kernel run's benchmarks are
+    test_kernels.py's, the headline run's test_engine.py's headline cases (a renamed benchmark would leave the gate
+    comparing nothing)."""
+    import ast
+    import glob
 
-    out = ('==PROF== Connected to process 1\n'
-           '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
-           '"0","_decode_split_kernel","SpeedOfLight","Duration","us","90.08"\n'
-           '"0","_decode_split_kernel","","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","inst","1,020.5"\n')
-    m = parse_details(out)
-    assert m["Duration"] == "90.08 us"
-    assert _number(m["smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]) == 1020.5
-    assert parse_tile("32/1/8/s") == (True, {"BLOCK_N": 32, "num_warps": 1, "num_stages": 8, "SWAP": True})
-    assert parse_tile("bf16:64/2/4/r128") == (False, {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4, "maxnreg": 128})
-    assert parse_tile("g:32/3") == (True, {"GLUON": 1, "BLOCK_N": 32, "STAGES": 3})
+    def names(pattern: str) -> set[str]:
+        [path] = sorted(glob.glob(os.path.join(BASELINES_DIR, pattern)))[-1:]
+        with open(path) as f:
+            return {b["name"].split("[")[0] for b in json.load(f)["benchmarks"]}
 
+    def tests_of(module: str) -> set[str]:
+        with open(os.path.join(PERF_DIR, module)) as f:
+            return {n.name for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.FunctionDef)}
 
-def test_ncu_decode_prints_stalls_and_bank_conflicts(monkeypatch, capsys):
-    from perf import ncu_decode
-
-    counters = {"Duration": "90.08 us", ncu_decode.STALL.format("short_scoreboard"): "2.02 inst",
-                ncu_decode.STALL.format("wait"): "0.01 inst", ncu_decode.CONFLICTS.format("st"): "3,398,496",
-                ncu_decode.WAVEFRONTS.format("st"): "6,026,792"}
-    monkeypatch.setattr(ncu_decode, "profile", lambda step, tile: counters)
-    assert ncu_decode.main(["--step", "320", "--tiles", "32/1/8/s"]) == 0
-    out = capsys.readouterr().out
-    assert "== step 320 tile 32/1/8/s" in out and "90.08 us" in out
-    stalls = next(line for line in out.splitlines() if "stalls" in line)
-    assert "short_scoreboard 2.02" in stalls and "wait" not in stalls  # below 0.05 cycles: left out
-    assert "shared stores: 6,026,792 wavefronts, 3,398,496 of them bank conflicts" in out
-    assert "shared loads : ? wavefronts, ? of them bank conflicts" in out
-
-
-def test_prefill_tiles_shapes_and_the_sm90_tile():
-    import torch
-
-    from nanovllm_ref.kernels.prefill_attention import prefill_tile_config
-    from perf.prefill_tiles import headline_lens, shapes
-
-    lens = headline_lens()
-    assert sum(lens) == 16384 and len(lens) == 32 and all(n > 0 for n in lens)
-    assert all(heads % 8 == 0 and d in (64, 128) for _, heads, d in shapes().values())
-    # on sm_90 the 128-row tiles take the swept tile; 64-row tiles (fp32, head_dim > 128) and other GPUs do not
-    sm90 = prefill_tile_config(128, torch.bfloat16, 2, 1024, sm90=True)
-    assert sm90 == {"BLOCK_Q": 64, "BLOCK_G": 2, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    assert prefill_tile_config(128, torch.bfloat16, 2, 1024)["BLOCK_N"] == 32
-    assert prefill_tile_config(256, torch.bfloat16, 2, 1024, sm90=True)["BLOCK_N"] == 32
-    assert prefill_tile_config(128, torch.float32, 2, 1024, sm90=True)["BLOCK_N"] == 32
-
-
-def test_graph_launch_gaps_from_a_trace():
-    from perf.graph_launch import graph_gaps
-
-    def op(name, ts, dur, corr, cat="kernel"):
-        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
-
-    events = [{"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 300, "args": {"correlation": 7}},
-              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 400, "dur": 200, "args": {"correlation": 9}},
-              op("Memcpy DtoD", 1000, 2, 5, "gpu_memcpy"), op("embed", 1010, 5, 7), op("norm", 1016, 3, 7),
-              op("copy", 1020, 1, 8), op("embed", 1025, 5, 9), op("norm", 1032, 2, 9)]
-    r = graph_gaps(events)
-    assert r["gap_before_us"] == (6, 4, 8)  # 1010 - 1002 and 1025 - 1021: median of the two
-    assert r["after"] == ["Memcpy DtoD", "copy"] and r["host_launch_us"] == 250
-    assert r["inner_gap_us"] == 1.5  # (1016 - 1015) and (1032 - 1030)
+    kernels = names("nvidia-h200/*/*.json")
+    assert {"test_store_kv", "test_decode_attention", "test_prefill_attention"} <= kernels
+    assert kernels <= tests_of("test_kernels.py")
+    headline = names("headline/nvidia-h200/*/*.json")
+    assert {"test_headline_throughput", "test_headline_throughput_fp8_kv"} <= headline <= tests_of("test_engine.py")

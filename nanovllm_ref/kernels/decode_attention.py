@@ -194,7 +194,7 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
 # V converted by Triton (byte-wide shared loads): (64, 2, 4) 117.4 / 129.0 / 96.3, (64, 2, 6) 112.9 / 122.7 / 91.3,
 # (64, 2, 8) 124.9 / 133.9 / 97.4, (128, 4, 6) 138.7 / 144.7 / 97.8 (perf/RESULTS.md). Stages 5-6 give each load two
 # shared-memory buffers, 8 three (the block-table load before them takes its share of the stages). Transposed products
-# ("SWAP": True; triton 3.6 for sm_90, perf.sass_report --swap): (32, 1, 8) 168 registers and no stack instead of 255
+# ("SWAP": True; triton 3.6 for sm_90, 04813df's sass_report): (32, 1, 8) 168 registers and no stack instead of 255
 # and 32 bytes, 542 loop instructions per warp and tile instead of 714 (32 MMAs, not 64). H100, the same steps, one
 # call: (32, 1, 8) swapped 117.4 / 130.2 / 105.1 us, (32, 1, 6) swapped 114.7 / 133.6 / 102.4, against the unswapped
 # tiles below 121.4 / 136.6 / 109.7 (64, 2, 4 and 64, 2, 6 swapped: 123.6-142.1). The bf16 cache's (64, 2, 4) tile

@@ -42,7 +42,8 @@ def invariant_decode_tile() -> dict[str, int]:
     """The decode kernel's tile in this mode (decode-only steps, unsplit, longest context first): the prefill tile's
     keys, warps and stages; its rows match too (the decode kernel pads a GQA group to >= 16 rows, the prefill tile
     holds BLOCK_Q x BLOCK_G = 16, or one group when larger), so a decode token's attention is the prefill kernel's,
-    bit for bit (perf/invariant_attention.py checks it on the GPU; the invariance module checks it end to end)."""
+    bit for bit (perf/invariant_attention.py of commit 04813df checked it on the GPU; the invariance module checks it
+    end to end)."""
     return dict(CUDA_TILE)
 
 

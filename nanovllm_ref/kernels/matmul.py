@@ -43,7 +43,7 @@ ROW_TILE = 16  # CPU: rows per BLAS call
 
 # the CUDA kernel's configuration (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SPLIT_K), a function of
 # the layer's (N, K) only, never of the row count: CONFIGS_FILE holds the fastest invariant one per layer shape
-# (perf/invariant_tile.py measures and writes it); other shapes take TILE, or NARROW_TILE for narrow outputs, unsplit
+# (perf/invariant_tile.py, commit 04813df, wrote it); other shapes take TILE, or NARROW_TILE for narrow outputs, unsplit
 TILE, NARROW_TILE, NARROW_N = (64, 128, 64, 8, 4, 4, 1), (64, 32, 64, 8, 4, 4, 1), 2048
 CONFIGS_FILE = Path(__file__).with_name("invariant_gemm.json")  # {"N,K": [config]}
 SERIAL_TILES = 264  # at least this many output tiles: each program sums its K splits itself (no partials in memory)

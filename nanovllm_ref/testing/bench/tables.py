@@ -2,7 +2,8 @@
 
 Results go where the user says (`--json FILE` or `--out DIR`), else to a user cache folder,
 `$XDG_CACHE_HOME/nanovllm_ref/bench` (`~/.cache/nanovllm_ref/bench`; `NANOVLLM_REF_BENCH_DIR` overrides it):
-never into the package or a source tree. perf/results/ holds only the runs a maintainer copies there on purpose.
+never into the package or a source tree. perf/results/ (ignored by git) holds only the runs a user copies there for
+the report.
 """
 
 from __future__ import annotations

@@ -1,32 +1,32 @@
 """The device entry point: named plans of GPU work, each runnable in one call of a GPU machine.
 
-    python -m perf.device --list                      # the plans, each step's command and time limit
-    python -m perf.device headline                    # one plan
-    python -m perf.device headline conformance        # several, one after another
-    python -m perf.device tp --dry-run                # print the commands only
-    python -m perf.device kernels --logs DIR          # logs and JSON into DIR
+    python -m perf.plans --list                       # the plans, each step's command and time limit
+    python -m perf.plans headline                     # one plan
+    python -m perf.plans headline conformance         # several, one after another
+    python -m perf.plans tp --dry-run                 # print the commands only
+    python -m perf.plans kernels --logs DIR           # logs and JSON into DIR
 
 Plans (every command is a public tool of this repository; nothing here has numbers of its own):
 - `headline`: nano-vllm's workload on Qwen3-0.6B, greedy and t=0.6, and greedy in `batch_invariant=True` mode (3 runs
-  each, ceilings measured in the run),
-  batch-1 / batch-64 latency, and where the GPU idles over a run (perf/idle_timeline.py);
+  each, ceilings measured in the run), and batch-1 / batch-64 latency;
 - `peers`: transformers' continuous batching on the same workload (perf/peers.py), plain and with CUDA graphs;
 - `profile`: the step-time breakdown (perf/profile_step.py);
 - `conformance`: `pytest conformance -m gpu`, every golden checkpoint of golden/manifest.json, the sampling
-  module and the kernel module one kernel per process, side by side on the GPU (small KV budgets);
+  module and the kernel module one kernel per process (each kernel nanovllm_ref.testing.kernels has a candidate
+  of nanovllm_ref's for), side by side on the GPU (small KV budgets);
 - `kernels`: the kernel benchmarks against this GPU's saved baseline with both gates (perf/README.md), the run
   saved as JSON; `baseline` records one on a GPU that has none;
 - `mutants`: the GPU column of the mutation table (`python -m tools.mutants --gpu`);
 - `fp8`: the headline with the FP8 KV cache and with bf16 KV in one perf-suite session (the fp8 headline's
-  baseline saved: copy it into perf/results/<gpu-slug>/), the fp8 decode-kernel sweep (perf/fp8_decode_sweep.py),
-  the prefill kernel's tiles (perf/prefill_tiles.py), the fp8 step breakdown (perf/profile_step.py), the fp8 kernel
-  tests compiled on the GPU, then the fp8-kv conformance tier on every golden checkpoint, side by side;
+  baseline saved: copy it into perf/baselines/headline/<gpu-slug>/), the fp8 step breakdown (perf/profile_step.py),
+  the fp8 kernel tests compiled on the GPU, then the fp8-kv conformance tier on every golden checkpoint, side by
+  side;
 - `tp`: TP=1 against TP=2 on Qwen3-8B (the first 128 headline requests), TP=2 conformance, the perf suite's
   TP cases (needs two GPUs).
 Logs go to `--logs` (default: `$OUT` when set, the folder a device call brings back; else the user cache folder);
 a table at the end gives each step's exit code, time and result line. The exit code is 1 if any step failed. A call
 brings back at most 8 files: when the run leaves more, they are packed into one `logs.tar.gz` there (`tar xzf`).
-To make a run the tracked one, copy its JSON into perf/results/<gpu-slug>/ (or perf/baselines/, for `kernels`).
+To make a run the tracked one, copy its figures into perf/RESULTS.md (and a gate's saved run into perf/baselines/).
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ from nanovllm_ref.testing.bench.tables import results_dir, text_table
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE")
 BENCH = ("{python}", "-m", "nanovllm_ref.testing.bench", "--arch", "qwen3-0.6b", "--workload", "headline")
-KERNELS = ("prefill_attention", "decode_attention", "store_kv", "rms_norm", "silu_and_mul",
-           "fused_moe", "gumbel_sample", "qkv_epilogue")
 FILES_BACK = 8  # the most files a device call brings back from $OUT
 RESULT_LINE = re.compile(r"\b(passed|failed|error|caught|output tok/s|fraction of roofline|busy|rc=)\b", re.I)
 
@@ -75,6 +73,13 @@ def goldens() -> list[str]:
         return sorted(json.load(f)["checkpoints"])
 
 
+def kernel_names() -> list[str]:
+    """The kernels conformance/test_kernels.py checks nanovllm_ref's own candidates of (the one kernel list)."""
+    from nanovllm_ref.testing.kernels import KERNELS, nanovllm_ref_candidates
+
+    return [k for k in KERNELS if any(c.kernel == k for c in nanovllm_ref_candidates())]
+
+
 def _gpu_conformance() -> tuple[Step, ...]:
     golden = tuple(Step(f"golden_{m}", (*PYTEST, "-m", "gpu", "conformance/test_golden.py", "--model", m,
                                          "--engine-arg", "gpu_memory_utilization=0.04",
@@ -83,7 +88,8 @@ def _gpu_conformance() -> tuple[Step, ...]:
     sampling = Step("sampling", (*PYTEST, "-m", "gpu", "conformance/test_sampling.py", "--model", "qwen3-tiny",
                                  "--engine-arg", "gpu_memory_utilization=0.08", "--report", os.devnull), 300, True)
     kernels = tuple(Step(f"kernel_{k}", (*PYTEST, "-m", "gpu", "conformance/test_kernels.py", "-k", k, "--model",
-                                         "qwen3-tiny", "--report", os.devnull), 300, alongside=True) for k in KERNELS)
+                                         "qwen3-tiny", "--report", os.devnull), 300, alongside=True)
+                    for k in kernel_names())
     return (*golden, sampling, *kernels)
 
 
@@ -91,9 +97,6 @@ def _fp8() -> tuple[Step, ...]:
     headline = Step("perf_headline_fp8", (*PYTEST, "perf/test_engine.py", "-m", "gpu", "-k", "test_headline_throughput",
                                           "--benchmark-storage=file://{logs}/benchmarks", "--benchmark-autosave",
                                           "--benchmark-json={logs}/perf_headline_fp8.json"), 240)
-    sweep = Step("fp8_decode_sweep", ("{python}", "-m", "perf.fp8_decode_sweep", "--steps", "0", "320", "640",
-                                      "--variants", "--engine-tiles", "32/1/8/s", "g:32/2", "g:32/4", "g:64/2"), 150)
-    prefill = Step("prefill_tiles", ("{python}", "-m", "perf.prefill_tiles"), 150)
     profile = Step("profile_step_fp8", ("{python}", "-m", "perf.profile_step", "--arch", "qwen3-0.6b", "--temperature",
                                         "0", "--kv-cache-dtype", "fp8", "--json", "{logs}/profile_step_fp8.json"), 120)
     kernels = Step("fp8_kernel_tests", (*PYTEST, "tests/kernels/test_kernel_fp8_kv.py",  # compiled, on CUDA
@@ -102,7 +105,7 @@ def _fp8() -> tuple[Step, ...]:
     tier = tuple(Step(f"fp8kv_{m}", (*PYTEST, "-m", "gpu", "conformance/test_fp8_kv.py", "--model", m, "--engine-arg",
                                      "gpu_memory_utilization=0.04", "--torch-threads", "1", "--report", os.devnull),
                       200, alongside=True) for m in goldens())
-    return (headline, sweep, prefill, profile, kernels, *tier)
+    return (headline, profile, kernels, *tier)
 
 
 def _kernel_gate(compare: bool) -> Step:
@@ -124,14 +127,13 @@ def _tp() -> tuple[Step, ...]:
 
 
 PLANS = {p.name: p for p in (
-    Plan("headline", "the headline workload greedy and t=0.6, latency, GPU idle over a run", (
+    Plan("headline", "the headline workload greedy and t=0.6, latency", (
         Step("headline_t0", (*BENCH, "--temperature", "0", "--repeat", "3", "--no-progress",
                              "--json", "{logs}/headline_t0.json"), 200),
         Step("headline_t0.6", (*BENCH, "--repeat", "3", "--no-progress", "--json", "{logs}/headline_t0.6.json"), 200),
         Step("headline_invariant_t0", (*BENCH, "--temperature", "0", "--batch-invariant", "--repeat", "3",
                                        "--no-progress", "--json", "{logs}/headline_invariant_t0.json"), 200),
-        Step("latency", (*BENCH, "--mode", "latency", "--no-progress", "--json", "{logs}/latency.json"), 200),
-        Step("idle_timeline", ("{python}", "-m", "perf.idle_timeline"), 150))),
+        Step("latency", (*BENCH, "--mode", "latency", "--no-progress", "--json", "{logs}/latency.json"), 200))),
     Plan("peers", "transformers continuous batching on the headline workload", (
         Step("peer_hf-cb", ("{python}", "-m", "perf.peers", "--peer", "hf-cb", "--json", "{logs}/peer_hf-cb.json"),
              400),
@@ -147,8 +149,7 @@ PLANS = {p.name: p for p in (
     Plan("mutants", "the GPU column of the mutation table", (
         Step("mutants_gpu", ("{python}", "-m", "tools.mutants", "--gpu", "--jobs", "16", "--timeout", "420",
                              "--budget", "480", "--out", "{logs}/mutants_gpu"), 540),)),
-    Plan("fp8", "the headline with FP8 and bf16 KV (fp8 baseline saved), fp8 decode sweep, prefill tiles, fp8 step "
-         "profile, fp8 kernels, fp8-kv tier",
+    Plan("fp8", "the headline with FP8 and bf16 KV (fp8 baseline saved), fp8 step profile, fp8 kernels, fp8-kv tier",
          _fp8()),
     Plan("tp", "TP=1 vs TP=2 (Qwen3-8B, 128 requests), TP=2 conformance, the perf TP cases", _tp()),
 )}
@@ -227,7 +228,7 @@ def _list(plans: list[Plan], logs: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m perf.device", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m perf.plans", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plans", nargs="*", metavar="PLAN", help=f"one or more of {sorted(PLANS)}")
     p.add_argument("--list", action="store_true", help="print the plans and their commands")

@@ -131,7 +131,7 @@ def test_usage_errors_exit_2(capsys, argv):
     assert code == 2 and err.count("\n") == 1 and "error:" in err and "--help" in err
 
 
-LAYERS = ["chat_template", "protocol", "params", "engine_loop", "metrics", "handlers", "routes", "docs", "app",
+LAYERS = ["protocol", "params", "engine_loop", "metrics", "handlers", "routes", "docs", "app",
           "server", "chat", "cli", "__main__"]
 
 

@@ -149,6 +149,14 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
 
 
+def test_the_perf_suite_names_no_module_as_the_bench_package_does():
+    """perf/ is built on nanovllm_ref.testing.bench: a module of the same name in both (device, tables) is two
+    things under one name, and `from .device import` means a different file in each folder."""
+    bench = {p.stem for p in (ROOT / "nanovllm_ref" / "testing" / "bench").glob("*.py")}
+    names = {p.stem for p in (ROOT / "perf").glob("*.py")} & bench
+    assert names <= {"__init__"}, f"perf/ and nanovllm_ref/testing/bench/ both have {sorted(names - {'__init__'})}"
+
+
 # The checker's own tests: it must see what it claims to.
 
 def test_the_checker_sees_function_level_imports_and_skips_type_checking(tmp_path):

@@ -49,7 +49,7 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
             specs.append(ModelSpec(n, legacy_view(checkpoint_path(base)), True))
             continue
         try:
-            path = os.path.abspath(resolve_model(n))  # the resolver LLM() and the CLI use
+            path = os.path.abspath(resolve_model(n))  # the resolver the CLI and the adapters use
         except ValueError as e:
             raise pytest.UsageError(f"--model: {e}") from None
         golden = golden_name(path)  # a golden checkpoint, by name or by its folder

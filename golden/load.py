@@ -81,9 +81,10 @@ def checkpoint_path(name: str) -> str:
 
 def resolve_model(model: str | os.PathLike) -> str:
     """The checkpoint folder ``model`` names: a folder with a config.json as given (relative to the working
-    folder), else the golden checkpoint of that name, from any folder. The one resolver behind ``LLM(model)``,
-    ``nanovllm-ref generate|serve|chat MODEL`` and pytest's ``--model``; anything else is a ValueError naming
-    both readings (a folder without config.json is returned for the loader to say so)."""
+    folder), else the golden checkpoint of that name, from any folder. The one resolver behind
+    ``nanovllm-ref generate|serve|chat MODEL``, the oracle's adapters and pytest's ``--model`` (``LLM`` takes a
+    folder: Python callers resolve a name with this); anything else is a ValueError naming both readings (a folder
+    without config.json is returned for the loader to say so)."""
     text = os.fspath(model)
     if os.path.isfile(os.path.join(text, "config.json")):
         return text

@@ -282,7 +282,7 @@ def load_adapter(spec: str, model: str, dtype: str, **kwargs: Any) -> EngineAdap
     ``kwargs`` go to the factory."""
     from golden.load import resolve_model
 
-    try:  # a golden checkpoint's name is its folder (the resolver LLM() and the CLI use)
+    try:  # a golden checkpoint's name is its folder (the resolver the CLI uses)
         model = resolve_model(model)
     except ValueError:  # not a folder nor a golden name: the factory's to read (a hub id, a server's name)
         pass

@@ -2,9 +2,11 @@
 
 Two rules. No circle: the graph of imports among the project's modules (nanovllm_ref, conformance, golden, tools,
 perf), module-level and function-level imports alike, is acyclic; only imports under `if TYPE_CHECKING:` are left
-out, since they never run. Layers: the engine (nanovllm_ref's engine, layers, models, attention, kernels and
-nanovllm_ref.llm) never imports what is built on it (the server, the oracle, the goldens, the test helpers, the
-conformance suite), and the goldens never import the oracle, so that `golden` stays data plus its makers.
+out, since they never run. Layers: the engine (nanovllm_ref's engine, layers, models, attention and kernels, and
+its own modules: the package, llm, config, loader, outputs, sampling_params, distributed, chat_template) never
+imports what is built on it (the server, the oracle, the goldens, the test helpers, the conformance suite), and the
+goldens never import the oracle, so that `golden` stays data plus its makers. And perf/ names no module as the
+bench package it is built on does.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nanovllm_ref", "conformance", "golden", "tools", "perf")
 ENGINE = tuple(f"nanovllm_ref.{p}" for p in ("engine", "layers", "models", "attention", "kernels"))
 ABOVE_ENGINE = ("nanovllm_ref.serve", "nanovllm_ref.oracle", "golden", "nanovllm_ref.testing", "conformance")
-# (importer prefix, forbidden import prefixes)
+# the engine's own top-level modules (the package itself included: importing it must not pull the layers above in)
+ENGINE_MODULES = tuple(f"nanovllm_ref{m}" for m in ("", ".llm", ".config", ".loader", ".outputs", ".sampling_params",
+                                                     ".distributed", ".chat_template"))
+# (importer: a package prefix, or "=" + one module; forbidden import prefixes)
 LAYER_RULES = (
     *((pkg, ABOVE_ENGINE) for pkg in ENGINE),
-    ("nanovllm_ref.llm", ("nanovllm_ref.serve", "golden")),
+    *((f"={m}", ABOVE_ENGINE) for m in ENGINE_MODULES),
     ("golden", ("nanovllm_ref.oracle",)),
 )
 
@@ -134,7 +139,7 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     found = []
     for importer, targets in sorted(graph.items()):
         for prefix, forbidden in LAYER_RULES:
-            if _within(importer, prefix):
+            if importer == prefix[1:] if prefix.startswith("=") else _within(importer, prefix):
                 found += [f"{importer} -> {t}" for t in sorted(targets) if any(_within(t, f) for f in forbidden)]
     return found
 
@@ -186,5 +191,7 @@ def test_the_checker_finds_circles(graph, expected):
 
 
 def test_the_checker_flags_an_engine_module_importing_the_server():
-    graph = {"nanovllm_ref.engine.x": {"nanovllm_ref.serve.chat"}, "nanovllm_ref.serve.chat": set()}
-    assert layer_violations(graph) == ["nanovllm_ref.engine.x -> nanovllm_ref.serve.chat"]
+    graph = {"nanovllm_ref.engine.x": {"nanovllm_ref.serve.chat"}, "nanovllm_ref.serve.chat": set(),
+             "nanovllm_ref": {"golden.load"}, "nanovllm_ref.serve.cli": {"golden.load", "nanovllm_ref.oracle"}}
+    assert layer_violations(graph) == ["nanovllm_ref -> golden.load",
+                                       "nanovllm_ref.engine.x -> nanovllm_ref.serve.chat"]

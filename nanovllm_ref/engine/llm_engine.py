@@ -191,7 +191,18 @@ class LLMEngine:
         try:
             finished = self._step()
         except Exception as e:
-            finished = self._fail_step(e)
+            seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
+            # WorkersFailed: the engine itself is gone, no request can be served any more; nothing scheduled: a
+            # scheduler bug, not one request's
+            if isinstance(e, WorkersFailed) or not seqs:
+                raise
+            logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
+            self._ahead = None
+            for seq in seqs:
+                if not seq.is_finished:  # (those already finished keep their outcome; popped ones stay popped)
+                    seq.error = f"the engine step failed: {type(e).__name__}: {e}"
+                    self.scheduler.finish(seq, "error")
+            finished = [out for out in map(self._pop_output, seqs) if out is not None]  # (None: n > 1 partial)
         return self._progress() + finished
 
     def _progress(self) -> list[RequestOutput]:
@@ -205,21 +216,6 @@ class LLMEngine:
                 if lead is not None:
                     live[seq.request_id] = lead.group or [lead]
         return self._outputs.progress(live.values())
-
-    def _fail_step(self, e: Exception) -> list[RequestOutput]:
-        """`step` raised `e`: fail the requests it had scheduled (or re-raise, see below); their outputs."""
-        seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
-        # WorkersFailed: the engine itself is gone, no request can be served any more; nothing scheduled: a
-        # scheduler bug, not one request's
-        if isinstance(e, WorkersFailed) or not seqs:
-            raise
-        logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
-        self._ahead = None
-        for seq in seqs:
-            if not seq.is_finished:  # (those already finished keep their outcome; popped ones stay popped)
-                seq.error = f"the engine step failed: {type(e).__name__}: {e}"
-                self.scheduler.finish(seq, "error")
-        return [out for out in map(self._pop_output, seqs) if out is not None]  # (None: n > 1 partial)
 
     def _step(self) -> list[RequestOutput]:
         """Launch the step, then (for a step the device can sample alone, under async scheduling) schedule and launch

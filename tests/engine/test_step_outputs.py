@@ -177,3 +177,17 @@ def test_stats_observers_and_reset_prefix_cache(llm):
     llm.reset_prefix_cache()
     [out] = llm.generate([PROMPT * 3], SamplingParams(max_tokens=2), use_tqdm=False)
     assert out.num_cached_tokens == 0
+
+
+def test_delta_outputs_under_async_scheduling_match_the_plain_loops(llm):
+    """The step scheduled ahead of the one in flight (async scheduling) adds no output of its own: a request's
+    DELTA outputs carry each token once, in order, as the plain loop's do."""
+    prompts = [PROMPT, [3, 4, 5], [9] * 20]
+    params = [dataclasses.replace(SAMPLED, logprobs=None, prompt_logprobs=None, output_kind=DELTA, max_tokens=m)
+              for m in (10, 14, 6)]
+    plain = [_joined(outs) for outs in _run(llm, prompts, params).values()]
+    with LLM(QWEN3, dtype="float32", max_model_len=256, kvcache_block_size=16, async_scheduling=True) as ahead:
+        got = _run(ahead, prompts, params)
+    for outs, ref, sp in zip(got.values(), plain, params):
+        assert len(outs) == sp.max_tokens and all(len(o.token_ids) == 1 for o in outs)
+        _same(_joined(outs), ref)

@@ -56,6 +56,8 @@ class LLM:
         start, num_out = time.perf_counter(), 0
         while self.engine.has_unfinished():
             for out in self.engine.step():
+                if not out.finished:  # (a request added through the step API, streaming meanwhile)
+                    continue
                 results[out.request_id] = out
                 num_out += len(out.token_ids)
                 bar.update(1)

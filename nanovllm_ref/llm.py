@@ -8,6 +8,7 @@ the `chat` signature follow vLLM's `LLM`: one prompt or a list; a text, token id
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -16,8 +17,9 @@ from tqdm.auto import tqdm
 
 from .config import Config
 from .engine.llm_engine import LLMEngine
+from .engine.observers import EngineStats
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int] | dict
 
@@ -36,13 +38,15 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
                  ) -> list[RequestOutput]:
-        """Generate for every prompt (a single one too); results come back in input order."""
+        """Generate for every prompt (a single one too); results come back in input order: each request's final
+        output (its n samples), whatever its `output_kind` (as vLLM's `LLM.generate`)."""
         prompts = [_prompt(p) for p in _prompt_list(prompts)]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if not isinstance(sampling_params, (list, tuple)) or len(sampling_params) != len(prompts):
             got = len(sampling_params) if isinstance(sampling_params, (list, tuple)) else sampling_params
             raise ValueError(f"sampling_params must be one SamplingParams or a list of {len(prompts)}, got {got!r}")
+        sampling_params = _final_only(sampling_params)
         # all checked (and text tokenized, once) before any is added
         token_ids = [self.engine.validate_request(p, sp) for p, sp in zip(prompts, sampling_params)]
         ids = [self.engine.add_validated(t, sp) for t, sp in zip(token_ids, sampling_params)]
@@ -51,6 +55,8 @@ class LLM:
         start, num_out = time.perf_counter(), 0
         while self.engine.has_unfinished():
             for out in self.engine.step():
+                if not out.finished:  # (a request added through the step API, streaming meanwhile)
+                    continue
                 results[out.request_id] = out
                 num_out += len(out.token_ids)
                 bar.update(1)
@@ -77,12 +83,16 @@ class LLM:
         ids = [list(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
         return self.generate(ids, sampling_params, use_tqdm)
 
-    # step-level API
+    # step-level API (LLMEngine's)
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
         return self.engine.add_request(prompt, params, request_id)
 
     def step(self) -> list[RequestOutput]:
+        """One engine step: an output for every request that advanced in it, per its `output_kind`."""
         return self.engine.step()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         return self.engine.abort_request(request_id)
@@ -91,7 +101,7 @@ class LLM:
         return self.engine.has_unfinished()
 
     def reset_prefix_cache(self) -> None:
-        self.engine.block_manager.reset_prefix_cache()
+        self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -101,6 +111,16 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _final_only(params: list[Any]) -> list[Any]:
+    """The params with output_kind FINAL_ONLY (generate reads final outputs only: nothing is built per step), one
+    copy per distinct SamplingParams; anything else is left for validate_request to refuse."""
+    copies: dict[int, SamplingParams] = {}
+    for sp in params:
+        if isinstance(sp, SamplingParams) and id(sp) not in copies:
+            copies[id(sp)] = dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY)
+    return [copies.get(id(sp), sp) for sp in params]
 
 
 def _prompt_list(prompts: Any) -> list:

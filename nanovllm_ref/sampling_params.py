@@ -3,7 +3,9 @@
 Field names, defaults and semantics follow vLLM's `SamplingParams` so users can switch without surprises
 (temperature 0 means greedy; top_k -1 or 0 disables top-k; penalties, min_p, min_tokens, logit_bias, stop
 strings, skip_special_tokens, spaces_between_special_tokens and n as in vLLM / the OpenAI API; the text policy:
-engine/detokenizer.py). `logprobs_mode` is vLLM's engine-level setting, per request here. What depends on the
+engine/detokenizer.py). `logprobs_mode` is vLLM's engine-level setting, per request here. `output_kind` (vLLM's
+`RequestOutputKind`) says what `LLMEngine.step()` returns for the request: cumulative outputs, deltas, or only the
+final output (`LLM.generate` always takes the final one). What depends on the
 model (token ids < vocab size, top_k <= vocab size, stop strings need a tokenizer: `check_model_limits`) is
 checked first when the request is added (LLMEngine.validate_request). Every message names the field and its limit.
 References: vLLM vllm/sampling_params.py; OpenAI API reference (presence/frequency penalties, logit_bias).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import NamedTuple
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; the golden outputs store top-20
@@ -20,6 +23,14 @@ MAX_N = 4096
 MAX_INT32 = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**64)  # torch.Generator.manual_seed's range; stored as int64 (two's complement)
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
+
+class RequestOutputKind(IntEnum):
+    """What `LLMEngine.step()` returns for a request (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # every step it advanced in: everything so far
+    DELTA = 1  # every step it advanced in: only what is new (the pieces concatenate to the final output)
+    FINAL_ONLY = 2  # once, when it finished
 
 
 def _is_int(value: object) -> bool:
@@ -72,6 +83,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logprobs_mode: str = "raw_logprobs"
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         check_int("n", self.n, 1, MAX_N)
@@ -105,6 +117,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {n!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        if self.output_kind not in tuple(RequestOutputKind) or isinstance(self.output_kind, bool):
+            raise ValueError(f"output_kind must be a RequestOutputKind ({', '.join(k.name for k in RequestOutputKind)}"
+                             f"), got {self.output_kind!r}")
+        object.__setattr__(self, "output_kind", RequestOutputKind(self.output_kind))
 
     def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:  # see the module docstring
         if self.top_k > vocab_size:

@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, module in (("base", "nanovllm_base"), ("this tree", "nanovllm_ref")):
             mod = importlib.import_module(module)
             llm = mod.LLM(path, device="cpu", dtype="float32", cpu_threads=1)
-            params = mod.SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
+            final_only = {"output_kind": 2} if "output_kind" in mod.SamplingParams.__dataclass_fields__ else {}
+            params = mod.SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True,
+                                        **final_only)  # (FINAL_ONLY: step() builds no per-step outputs, as before)
             engines[name] = (llm, params, [o.token_ids for o in llm.generate(w.prompts, params, use_tqdm=False)])
         (_, _, a), (_, _, b) = engines.values()
         if a != b:

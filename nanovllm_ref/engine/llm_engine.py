@@ -10,6 +10,11 @@ Bad input raises before any state changes (SamplingParams range-checks its field
 64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
 cache); a failing request (non-finite logits) is finished with an error while the others go on; an exception
 inside a step fails only that step's requests. Reading the checkpoint: loader.py; resolving the runner: config.py.
+
+The public surface besides requests and `step()` (whose outputs, per request and per step, output_processor.py
+builds): `stats()` (load: running, waiting, KV cache usage, preemptions), `reset_prefix_cache()`, and observers
+(`add_observer`: `on_schedule(decision)` after every scheduling decision, as plain data: observers.py), so that
+servers and tests read no scheduler or block manager.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import random
 
 from ..config import Config, ModelConfig, resolve_spec
 from ..loader import load_hf_config, load_tokenizer
-from ..outputs import CompletionOutput, RequestOutput
+from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer, feed
 from .inputs import StepInput, prepare_step
 from .model_runner import Launched, ModelRunner, StepOutput
+from .observers import EngineStats, ScheduleObserver
+from .output_processor import OutputProcessor
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import TPExecutor, WorkersFailed
@@ -69,6 +76,7 @@ class LLMEngine:
         )
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
+        self._outputs = OutputProcessor(self._finalize)
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
         self._ids = itertools.count()  # of requests added without an id
         # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
@@ -135,9 +143,12 @@ class LLMEngine:
             seqs.append(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = seqs[0]
+        self._outputs.add(seqs)
         return request_id
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        """End a request (all its samples, finish_reason "abort"); returns its final output (shaped by its output
+        kind), or None if the engine does not hold it (unknown, or already finished)."""
         seq = self.requests.get(request_id)
         if seq is None:
             return None
@@ -149,16 +160,36 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def stats(self) -> EngineStats:
+        """The load now: running and waiting sequences, the KV cache's used fraction (blocks neither free nor only
+        kept for the prefix cache, as vLLM counts it) and the preemptions so far."""
+        sched, blocks = self.scheduler, self.block_manager
+        return EngineStats(len(sched.running), len(sched.waiting), 1.0 - blocks.num_free_blocks / blocks.num_blocks,
+                           sched.num_preemptions)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no request holds (later requests find no cached prefix)."""
+        self.block_manager.reset_prefix_cache()
+
+    def add_observer(self, observer: ScheduleObserver) -> None:
+        """Call `observer.on_schedule(decision)` after every scheduling decision (observers.ScheduleDecision)."""
+        self.scheduler.observers.append(observer)
+
+    def remove_observer(self, observer: ScheduleObserver) -> None:
+        self.scheduler.observers.remove(observer)
+
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; returns the requests that finished in it. An exception inside the step
-        finishes the requests it had scheduled with finish_reason "error" (and the exception's message); the
-        engine goes on serving the others."""
+        """Run one scheduling step; returns an output for every request that advanced in it (new tokens, new text,
+        or finished: `finished`), shaped by its `SamplingParams.output_kind` (output_processor.py): those still
+        running first, then those that finished. An exception inside the step finishes the requests it had
+        scheduled with finish_reason "error" (and the exception's message); the engine goes on serving the
+        others."""
         if self.runner is None:
             raise RuntimeError("the engine was shut down")
         self._stepping.clear()
         try:
-            return self._step()
+            finished = self._step()
         except Exception as e:
             seqs = dict.fromkeys(seq for out in self._stepping for seq, _ in out.scheduled)
             # WorkersFailed: the engine itself is gone, no request can be served any more; nothing scheduled: a
@@ -171,7 +202,20 @@ class LLMEngine:
                 if not seq.is_finished:  # (those already finished keep their outcome; popped ones stay popped)
                     seq.error = f"the engine step failed: {type(e).__name__}: {e}"
                     self.scheduler.finish(seq, "error")
-            return [out for out in map(self._pop_output, seqs) if out is not None]  # (None: n > 1 partial)
+            finished = [out for out in map(self._pop_output, seqs) if out is not None]  # (None: n > 1 partial)
+        return self._progress() + finished
+
+    def _progress(self) -> list[RequestOutput]:
+        """The outputs of the step's requests that go on (none to build while every request is FINAL_ONLY)."""
+        if not self._outputs.num_streaming:
+            return []
+        live = {}
+        for out in self._stepping:
+            for seq, _ in out.scheduled:
+                lead = self.requests.get(seq.request_id)
+                if lead is not None:
+                    live[seq.request_id] = lead.group or [lead]
+        return self._outputs.progress(live.values())
 
     def _step(self) -> list[RequestOutput]:
         """Launch the step, then (for a step the device can sample alone, under async scheduling) schedule and launch
@@ -258,7 +302,7 @@ class LLMEngine:
         return stopped
 
     def _pop_output(self, seq: Sequence) -> RequestOutput | None:
-        """The request's output once all its samples have finished (None before, and after it was popped)."""
+        """The request's final output once all its samples have finished (None before, and after it was popped)."""
         group = seq.group or [seq]
         if self.requests.get(seq.request_id) is not group[0]:
             return None
@@ -270,30 +314,15 @@ class LLMEngine:
             return None
         self._first_unfinished.pop(seq.request_id, None)
         del self.requests[seq.request_id]
-        samples = []
-        for i, s in enumerate(group):
-            tokens = s.output_token_ids
-            feed(s)  # (before a stop token becomes the stop_reason: its text is left out)
-            text = "" if s.detokenizer is None else s.detokenizer.text  # (no tokenizer: token ids only, as vLLM)
-            if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):
-                s.stop_reason = tokens[-1]
-            samples.append(CompletionOutput(i, tokens, text, s.finish_reason, s.stop_reason, s.logprobs,
-                                            s.error))
-        first, lead = samples[0], group[0]
-        return RequestOutput(
-            request_id=lead.request_id, prompt_token_ids=lead.token_ids[: lead.num_prompt_tokens],
-            token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason, logprobs=first.logprobs,
-            prompt_logprobs=lead.prompt_logprobs, num_cached_tokens=lead.num_cached_tokens,
-            error=next((c.error for c in samples if c.error is not None), None), stop_reason=first.stop_reason,
-            outputs=samples,
-        )
+        return self._outputs.final(group)
 
-    def new_text(self, seq: Sequence) -> str:
-        """The next piece of a sample's text that can no longer change (the rest once it finished), for streaming:
-        the pieces concatenate to its RequestOutput's text. Any sample of a request still in `requests`, or of the
-        one `step` just returned."""
-        feed(seq)
-        return "" if seq.detokenizer is None else seq.detokenizer.stream(seq.is_finished)
+    def _finalize(self, s: Sequence) -> None:
+        """Settle a finished sample before its text is read: feed it (before a stop token becomes the stop_reason:
+        its text is left out), then report the stop token id that ended it."""
+        tokens = s.output_token_ids
+        feed(s)
+        if s.stop_reason is None and s.finish_reason == "stop" and tokens and self._is_stop_token_id(s, tokens[-1]):
+            s.stop_reason = tokens[-1]
 
     def _is_stop_token_id(self, seq: Sequence, token: int) -> bool:
         """Whether ending on `token` reports it as the stop reason: a stop token id, or an EOS id other than the

@@ -10,18 +10,19 @@ Every step, decodes included, takes this one path: a step's inputs are derived f
 `schedule_ahead` schedules the step behind the one in flight for the engine's async scheduling (vLLM v1's async
 scheduling): the step in flight is taken as done, its sampled tokens pending (known on the device only, which the
 step behind reads there) until `update` brings them.
-`on_schedule` (optional, None by default) is called after every `schedule()` with the scheduler, the step's
-output and the waiting queue as it was before the step, so tests can check each decision against the
-invariants above (nanovllm_ref/oracle/schedule_check.py).
+`observers` (registered through `LLMEngine.add_observer`; none by default) get every `schedule()`'s decision as
+plain data (observers.py), so tests can check each one against the invariants above
+(nanovllm_ref/oracle/schedule_check.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .block_manager import BlockManager
+from .observers import schedule_decision
 from .sequence import Sequence, SequenceStatus
 
 
@@ -51,7 +52,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.on_schedule: Callable[[Scheduler, SchedulerOutput, list[Sequence]], None] | None = None
+        self.observers: list[Any] = []  # each with on_schedule(ScheduleDecision)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise ValueError if a request of this size could never run, whatever else is going on."""
@@ -79,10 +80,14 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        waiting = list(self.waiting) if self.on_schedule is not None else []
+        if not self.observers:
+            return self._schedule()
+        waiting = list(self.waiting)
         out = self._schedule()
-        if self.on_schedule is not None:
-            self.on_schedule(self, out, waiting)
+        decision = schedule_decision((self.max_num_batched_tokens, self.max_num_seqs), self.block_manager, out,
+                                     self.running, waiting)
+        for observer in self.observers:
+            observer.on_schedule(decision)
         return out
 
     def _schedule(self) -> SchedulerOutput:

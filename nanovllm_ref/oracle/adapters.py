@@ -69,6 +69,17 @@ class EngineAdapter(Protocol):
     def close(self) -> None: ...
 
 
+class _DecisionCallback:
+    """An engine observer passing each decision, numbered and converted, to a callback."""
+
+    def __init__(self, callback: Callable[[Any], None], convert: Callable[[Any, int], Any]) -> None:
+        self.callback, self.convert, self.steps = callback, convert, 0
+
+    def on_schedule(self, decision: Any) -> None:
+        self.callback(self.convert(decision, self.steps))
+        self.steps += 1
+
+
 class NanovllmRefAdapter:
     """nanovllm_ref's offline ``LLM``; ``engine_kwargs`` go to ``LLM`` (device, tensor_parallel_size,
     num_kvcache_blocks, ...). ``self.llm`` stays reachable for engine-specific checks (preemptions...)."""
@@ -81,6 +92,7 @@ class NanovllmRefAdapter:
         engine_kwargs.setdefault("device", "cpu")
         self.model_path, self.dtype, self.engine_kwargs = model_path, dtype, engine_kwargs
         self.llm = LLM(model_path, dtype=dtype, **engine_kwargs)
+        self._observer: _DecisionCallback | None = None
 
     def generate(
         self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool
@@ -124,21 +136,25 @@ class NanovllmRefAdapter:
         return [self._completions(o) for o in outs]
 
     def stream_requests(self, requests: list[RequestSpec]) -> list[list[StreamedCompletion]]:
-        """The requests added together, then stepped; after each step, each sample's new text
-        (``LLMEngine.new_text``, what the server streams) is one piece."""
-        engine, params = self.llm.engine, self._params(requests)
+        """The requests added together, then stepped with DELTA outputs (what the server streams); each sample's
+        new text in a step's output is one piece, and the outputs joined (``RequestOutput.add``) its completion."""
+        import dataclasses
+
+        from nanovllm_ref.outputs import RequestOutput
+        from nanovllm_ref.sampling_params import RequestOutputKind
+
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.DELTA) for p in self._params(requests)]
         rids = [self.llm.add_request(list(r.prompt), p) for r, p in zip(requests, params)]
-        samples = {rid: engine.requests[rid].group or [engine.requests[rid]] for rid in rids}
-        pieces: dict[str, list[list[str]]] = {rid: [[] for _ in seqs] for rid, seqs in samples.items()}
-        done: dict[str, Any] = {}
+        pieces = {rid: [[] for _ in range(p.n)] for rid, p in zip(rids, params)}
+        joined = {rid: RequestOutput(rid, list(r.prompt)) for rid, r in zip(rids, requests)}
         while self.llm.has_unfinished():
-            finished = self.llm.step()
-            for rid, seqs in samples.items():
-                for i, seq in enumerate(seqs if rid not in done else ()):
-                    if piece := engine.new_text(seq):
-                        pieces[rid][i].append(piece)
-            done.update((o.request_id, o) for o in finished)
-        return [[StreamedCompletion(c, p) for c, p in zip(self._completions(done[rid]), pieces[rid])] for rid in rids]
+            for out in self.llm.step():
+                for c in out.outputs:
+                    if c.text:
+                        pieces[out.request_id][c.index].append(c.text)
+                joined[out.request_id].add(out, aggregate=True)
+        return [[StreamedCompletion(c, p) for c, p in zip(self._completions(joined[rid]), pieces[rid])]
+                for rid in rids]
 
     @staticmethod
     def prefix_cache_kwargs(block_size: int, num_blocks: int, max_model_len: int) -> dict[str, Any]:
@@ -153,13 +169,17 @@ class NanovllmRefAdapter:
         an adapter has this method."""
         from .schedule_check import nanovllm_ref_decision
 
-        scheduler, steps = self.llm.engine.scheduler, iter(range(1 << 62))
-        scheduler.on_schedule = None if callback is None else (
-            lambda sched, out, waiting: callback(nanovllm_ref_decision(sched, out, waiting, next(steps))))
+        engine = self.llm.engine
+        if self._observer is not None:
+            engine.remove_observer(self._observer)
+            self._observer = None
+        if callback is not None:
+            self._observer = _DecisionCallback(callback, nanovllm_ref_decision)
+            engine.add_observer(self._observer)
 
     @property
     def num_preemptions(self) -> int:
-        return self.llm.engine.scheduler.num_preemptions
+        return self.llm.engine.stats().num_preemptions
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (optional for adapters): a check that bounds cached tokens by what it sent

@@ -19,7 +19,8 @@ has ``observe_schedule(callback)``) hands one :class:`ScheduleDecision` per step
   using it; where the engine reports reference counts, a held block's count is its number of holders and no
   other block is referenced (no leak).
 
-nanovllm_ref reports them through ``Scheduler.on_schedule`` (:func:`nanovllm_ref_decision`). References:
+nanovllm_ref reports them to observers registered with ``LLMEngine.add_observer`` (its decision, plain data,
+converted by :func:`nanovllm_ref_decision`). References:
 vLLM v1 ``Scheduler.schedule`` (token budget, FCFS, prefix-cache block sharing by ref count).
 """
 
@@ -135,21 +136,15 @@ def _blocks(d: ScheduleDecision) -> list[str]:
     return errors
 
 
-def nanovllm_ref_decision(scheduler: Any, out: Any, waiting_before: list[Any], step: int) -> ScheduleDecision:
-    """A :class:`ScheduleDecision` from nanovllm_ref's ``Scheduler.on_schedule(scheduler, out, waiting)``."""
-    new = {seq.seq_id: n for seq, n in out.scheduled}
+def nanovllm_ref_decision(d: Any, step: int) -> ScheduleDecision:
+    """A :class:`ScheduleDecision` from the decision nanovllm_ref hands its observers (engine/observers.py)."""
 
     def view(seq: Any) -> ScheduledRequest:
-        return ScheduledRequest(seq.request_id, new.get(seq.seq_id, 0), seq.num_computed_tokens,
-                                tuple(seq.token_ids) + (-1,) * seq.num_pending,  # -1: sampled in flight (async)
-                                tuple(seq.block_table))
+        return ScheduledRequest(seq.request_id, seq.num_new_tokens, seq.num_computed_tokens, seq.token_ids,
+                                seq.block_table)
 
-    bm = scheduler.block_manager
-    contents = {b.block_id: b.token_ids for b in bm.blocks if b.hash is not None and b.ref_count > 0}
-    counts = {b.block_id: b.ref_count for b in bm.blocks if b.ref_count > 0}
     return ScheduleDecision(
-        step, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, bm.block_size,
-        tuple(view(seq) for seq, _ in out.scheduled), tuple(s.request_id for s in waiting_before),
-        tuple(s.seq_id for s in waiting_before),
-        tuple(view(seq) for seq in scheduler.running), tuple(s.request_id for s in out.preempted),
-        tuple(tuple(s.block_table) for s in out.preempted), contents, counts)
+        step, d.max_num_batched_tokens, d.max_num_seqs, d.block_size, tuple(map(view, d.scheduled)),
+        tuple(s.request_id for s in d.waiting_before), tuple(s.arrival for s in d.waiting_before),
+        tuple(map(view, d.running)), tuple(s.request_id for s in d.preempted),
+        tuple(s.block_table for s in d.preempted), dict(d.block_contents), dict(d.ref_counts))

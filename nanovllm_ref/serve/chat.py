@@ -16,7 +16,7 @@ import signal
 from typing import Any
 
 from ..chat_template import render_chat
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 
 QUIT = ("/exit", "/bye", "/quit", "exit", "quit")
 HELP = ("/exit, /bye, Ctrl-D   quit\n/clear                forget the conversation\n"
@@ -118,25 +118,28 @@ class ChatSession:
         return messages, ids, params
 
     def stream(self, ids: list[int], params: SamplingParams) -> tuple[str, str]:
-        """Stream one reply; (its text, its finish reason: "abort" when Ctrl-C stopped it)."""
-        rid = self.llm.add_request(ids, params)
+        """Stream one reply (the engine's DELTA outputs); (its text, its finish reason: "abort" when Ctrl-C stopped
+        it)."""
+        rid = self.llm.add_request(ids, dataclasses.replace(params, output_kind=RequestOutputKind.DELTA))
         shown = ""
         print("assistant> ", end="", flush=True)
         with _CtrlC() as ctrl_c:
-            while not (finished := self.llm.step()):  # one request: the step that finishes it returns it
-                shown += (piece := self.llm.engine.new_text(self.llm.engine.requests[rid]))  # the one text path
-                print(piece, end="", flush=True)
+            while True:
+                out = next((o for o in self.llm.step() if o.request_id == rid), None)
+                if out is not None and out.finished:
+                    break
+                if out is not None:
+                    shown += out.text  # text that can no longer change: the final text goes on from it
+                    print(out.text, end="", flush=True)
                 if ctrl_c.pressed:
                     self.llm.abort_request(rid)
                     say(" [stopped]")
                     return shown, "abort"
-        out = finished[0]
         if out.finish_reason == "error":
             say(f"\n(the engine failed this reply: {out.error})")
             return "", "error"
-        say(out.text[len(shown):])  # the engine's text: `shown` is a prefix of it
-        return out.text, out.finish_reason or "stop"
-
+        say(out.text)
+        return shown + out.text, out.finish_reason or "stop"
 
 def say(text: str) -> None:
     print(text, flush=True)

@@ -1,21 +1,23 @@
 """The engine loop: one thread owns the engine (add, abort, step); requests await its results on asyncio queues.
 
 Commands (add, abort) go in through a thread-safe queue and are applied between steps, so an abort lands before
-the next step: a request whose client went away consumes at most the step already running. After each step,
-every unfinished sample (of a request's n) with new tokens gets a `Delta` (its index, tokens, their logprobs
-and the new text of the engine's detokenizer) on the request's asyncio queue, and a finished request its
-`RequestOutput` (all n samples; a sample that finished earlier gets its last tokens there, after its stop string
-was applied). An exception that
+the next step: a request whose client went away consumes at most the step already running. Requests run with
+DELTA outputs (SamplingParams.output_kind): after each step, every unfinished sample (of a request's n) that
+advanced gets a `Delta` (its index, tokens, their logprobs and its new text, text that can no longer change) on the
+request's asyncio queue, and a finished request its whole `RequestOutput` (the deltas joined, all n samples; a
+sample that finished earlier gets its last tokens there, after its stop string was applied). An exception that
 escapes a step (the engine already fails just the requests of a step that raises) ends the loop: every waiting
 request gets the error and `/health` turns 503.
 
 The loop also tells a `LoopObserver` (the server's metrics) what happened: after every step the scheduler's load,
 each request's first token (time to first token, its prompt tokens), new tokens, and each finished request.
+Only the engine's public API is used (step outputs, stats(), add/abort).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from ..llm import LLM
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class Delta:
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
     prompt_logprobs: list[dict[int, float] | None] | None = None  # with the first delta (the prompt is done)
-    text: str = ""  # the sample's new text that can no longer change (LLMEngine.new_text)
+    text: str = ""  # the sample's new text that can no longer change (its DELTA output's)
 
 
 @dataclass
@@ -45,11 +47,10 @@ class Failed:
 
 
 def engine_stats(llm: LLM) -> dict[str, float]:
-    """Scheduler and KV-cache load now (engine thread only): running and waiting sequences, and the cache's used
-    fraction (blocks neither free nor only kept for the prefix cache, as vLLM counts it)."""
-    sched, blocks = llm.engine.scheduler, llm.engine.block_manager
-    return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
-            "kv_cache_usage": 1.0 - blocks.num_free_blocks / blocks.num_blocks}
+    """Scheduler and KV-cache load now (engine thread only; LLMEngine.stats()): running and waiting sequences, the
+    cache's used fraction (blocks neither free nor only kept for the prefix cache, as vLLM counts it) and the
+    preemptions so far."""
+    return dataclasses.asdict(llm.stats())
 
 
 class LoopObserver:
@@ -72,12 +73,18 @@ class LoopObserver:
 class _Stream:
     """Where one request's items go: (request id, item) on an asyncio queue, put from the engine thread."""
 
-    __slots__ = ("rid", "inbox", "loop", "sent", "arrival", "first_token")
+    __slots__ = ("rid", "inbox", "loop", "joined", "arrival", "first_token")
 
     def __init__(self, rid: str, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
         self.rid, self.inbox, self.loop = rid, inbox, loop
-        self.sent: list[int] = []  # output tokens already put, per sample
+        self.joined: RequestOutput | None = None  # the request's DELTA outputs so far, joined
         self.arrival, self.first_token = time.monotonic(), None
+
+    def join(self, out: RequestOutput) -> RequestOutput:
+        if self.joined is None:
+            self.joined = RequestOutput(out.request_id, out.prompt_token_ids)
+        self.joined.add(out, aggregate=True)
+        return self.joined
 
     def put(self, item: object) -> None:
         try:
@@ -124,10 +131,11 @@ class EngineLoop(threading.Thread):
         self._commands.put(("wake",))
 
     def active_request_ids(self) -> set[str]:
-        """The engine's unfinished requests (read from another thread: retried if the dict changes meanwhile)."""
+        """The engine's unfinished requests: those added and neither finished nor aborted (read from another thread:
+        retried if the dict changes meanwhile)."""
         while True:
             try:
-                return set(self.llm.engine.requests)
+                return set(self._streams)
             except RuntimeError:
                 continue
 
@@ -136,9 +144,9 @@ class EngineLoop(threading.Thread):
             while not self._stopping:
                 self._apply_commands(block=not self.llm.has_unfinished())
                 if self.llm.has_unfinished():
-                    finished = self.llm.step()
+                    outputs = self.llm.step()
                     self.num_steps += 1
-                    self._deliver(finished)
+                    self._deliver(outputs)
                 self.observer.on_step(engine_stats(self.llm))
         except BaseException as e:  # an engine bug: say so to everyone waiting, and let /health tell
             log.exception("the engine loop died")
@@ -164,47 +172,43 @@ class EngineLoop(threading.Thread):
                     out = self.llm.abort_request(command[1])
                     stream = self._streams.pop(command[1])
                     if out is not None:
-                        self.observer.on_finished(out, stream.arrival, stream.first_token, time.monotonic())
+                        self.observer.on_finished(stream.join(out), stream.arrival, stream.first_token,
+                                                  time.monotonic())
         except queue.Empty:
             pass
 
     def _add(self, rid: str, token_ids: list[int], params: SamplingParams, stream: _Stream) -> None:
         try:
+            params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
             self.llm.engine.add_validated(token_ids, params, request_id=rid)  # (`validate` checked it)
         except (ValueError, TypeError) as e:
             stream.put(Failed(str(e)))
             return
-        stream.sent = [0] * params.n
         self._streams[rid] = stream
 
-    def _deliver(self, finished: list[RequestOutput]) -> None:
-        live, now, num_new = self.llm.engine.requests, time.monotonic(), 0
-        for rid, stream in self._streams.items():
-            lead = live.get(rid)
-            if lead is None:
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Pass on a step's DELTA outputs: Deltas for the samples that go on, the joined output once finished."""
+        now, num_new = time.monotonic(), 0
+        for out in outputs:  # (those still running come first)
+            stream = self._streams.get(out.request_id)
+            if stream is None:
                 continue
-            for i, seq in enumerate(lead.group or [lead]):
-                sent = stream.sent[i]
-                if seq.is_finished or seq.num_output_tokens == sent:  # (finished: its RequestOutput tells the rest)
-                    continue
-                logprobs = None if seq.logprobs is None else seq.logprobs[sent:seq.num_output_tokens]
-                prompt_logprobs = lead.prompt_logprobs if sent == 0 else None
-                text = self.llm.engine.new_text(seq)
-                stream.put(Delta(i, seq.output_token_ids[sent:], logprobs, prompt_logprobs, text))
-                num_new += seq.num_output_tokens - sent
-                stream.sent[i] = seq.num_output_tokens
-                self._first_token(stream, lead.num_prompt_tokens, now)
-        for out in finished:  # (observed before it is put: a client that has its response finds it counted)
-            stream = self._streams.pop(out.request_id, None)
-            if stream is not None:
-                num_out = sum(len(o.token_ids) for o in out.outputs or [out])
-                num_new += num_out - sum(stream.sent)
-                if num_out:
-                    self._first_token(stream, len(out.prompt_token_ids), now)
-                self.observer.on_tokens(num_new)
-                num_new = 0
-                self.observer.on_finished(out, stream.arrival, stream.first_token, now)
-                stream.put(out)
+            before = {c.index: len(c.token_ids) for c in stream.joined.outputs} if stream.joined else {}
+            joined = stream.join(out)
+            num_new += sum(len(c.token_ids) for c in out.outputs)
+            if any(c.token_ids for c in joined.outputs):
+                self._first_token(stream, len(out.prompt_token_ids), now)
+            if not out.finished:
+                for c in out.outputs:  # (a finished sample: the request's final output tells the rest)
+                    if c.token_ids and not c.finished:
+                        prompt_logprobs = joined.prompt_logprobs if not before.get(c.index) else None
+                        stream.put(Delta(c.index, c.token_ids, c.logprobs, prompt_logprobs, c.text))
+                continue
+            del self._streams[out.request_id]  # (observed before it is put: a client that has its response finds
+            self.observer.on_tokens(num_new)  # it counted)
+            num_new = 0
+            self.observer.on_finished(joined, stream.arrival, stream.first_token, now)
+            stream.put(joined)
         if num_new:
             self.observer.on_tokens(num_new)
 

@@ -2,7 +2,7 @@
 
 Each prompt is one engine request with the request's `n` (the engine's samples share the prompt's blocks; sample
 i of a seeded request samples with seed + i); a response's requests share one asyncio queue that the engine loop
-fills. Each choice streams the text pieces of the engine's detokenizer (`LLMEngine.new_text`: never a split
+fills. Each choice streams the text pieces of the engine's DELTA outputs (`LLMEngine.step`: never a split
 character, a possible stop string held back) and ends with the rest of the engine's final text. A client
 that disconnects gets its requests aborted before the engine's next step (streams: when the event generator is
 cancelled; whole responses: a watcher on the connection). Response shapes follow the OpenAI API and vLLM's

@@ -13,6 +13,7 @@ from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.detokenizer import IncrementalDetokenizer
 from nanovllm_ref.loader import load_tokenizer
 from nanovllm_ref.oracle.text_reference import ReferenceText, TextRules
+from nanovllm_ref.sampling_params import RequestOutputKind
 
 BPE, WORDS, SPM = "qwen3-tiny", "qwen3-words-hd32", "mistral-spm-hd32"
 GREEDY = dict(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -42,15 +43,13 @@ def test_word_level_text_is_the_same_with_or_without_stop_strings_streamed_or_no
                                                            SamplingParams(stop=["\x00"], **GREEDY)], use_tqdm=False)
     assert plain.token_ids == stopped.token_ids and plain.text == stopped.text
     assert plain.text.startswith(" ") and plain.text == " " + words_llm.tokenizer.decode(plain.token_ids)
-    rid = words_llm.add_request(prompt, SamplingParams(n=2, **GREEDY))
-    samples = words_llm.engine.requests[rid].group
+    words_llm.add_request(prompt, SamplingParams(n=2, output_kind=RequestOutputKind.DELTA, **GREEDY))
     pieces: list[list[str]] = [[], []]
-    while not (done := words_llm.step()):
-        for i, seq in enumerate(samples):
-            pieces[i].append(words_llm.engine.new_text(seq))
-    for i, seq in enumerate(samples):
-        pieces[i].append(words_llm.engine.new_text(seq))
-    assert ["".join(p) for p in pieces] == [c.text for c in done[0].outputs] == [plain.text] * 2
+    while words_llm.has_unfinished():
+        for out in words_llm.step():
+            for c in out.outputs:
+                pieces[c.index].append(c.text)
+    assert ["".join(p) for p in pieces] == [plain.text] * 2
 
 
 def test_a_character_split_over_tokens_is_never_streamed_half_and_never_flushed(tokenizers):

@@ -69,7 +69,7 @@ class EngineSoak(RuleBasedStateMachine):
     @precondition(lambda self: self.llm.has_unfinished())
     @rule()
     def step(self):
-        for out in self.llm.step():
+        for out in (o for o in self.llm.step() if o.finished):
             prompt, params = self.live.pop(out.request_id)
             assert out.finish_reason == "length" and len(out.token_ids) == params.max_tokens
             if params.temperature == 0:

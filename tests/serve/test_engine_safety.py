@@ -70,12 +70,12 @@ def test_a_failing_step_fails_only_its_requests():
         first = llm.add_request([5, 6, 7], GREEDY)
         waiting = llm.add_request([9, 8, 7], GREEDY)  # max_num_seqs=1: not in the first step
         _fail_next_execute(llm, "injected")
-        failed = llm.step()
+        failed = [o for o in llm.step() if o.finished]
         assert [(o.request_id, o.finish_reason) for o in failed] == [(first, "error")]
         assert "injected" in failed[0].error and "RuntimeError" in failed[0].error
         outs = []
         while llm.has_unfinished():
-            outs += llm.step()
+            outs += [o for o in llm.step() if o.finished]
         assert [(o.request_id, o.token_ids) for o in outs] == [(waiting, reference)]
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
         _fail_next_execute(llm, "again")  # through generate: those requests come back failed, the call returns
@@ -99,7 +99,7 @@ def test_a_failing_decode_step_launched_ahead_fails_its_requests():
         runner.collect = broken
         outs = []
         while llm.has_unfinished():
-            outs += llm.step()
+            outs += [o for o in llm.step() if o.finished]
         assert sorted((o.request_id, o.finish_reason) for o in outs) == [(r, "error") for r in sorted(rids)]
         assert llm.engine._ahead is None and not llm.engine.requests
         again = llm.generate([[5, 6, 7], [9, 9]], GREEDY, use_tqdm=False)

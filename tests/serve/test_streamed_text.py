@@ -33,7 +33,8 @@ def _choice(tok, params: SamplingParams) -> Choice:
 
 class _Engine:
     """The engine's side of one request: its detokenizer fed each step (stop strings checked), Deltas carrying
-    LLMEngine.new_text's pieces, then the RequestOutput with the final text."""
+    the pieces of the engine's DELTA outputs (IncrementalDetokenizer.stream), then the RequestOutput with the final
+    text."""
 
     def __init__(self, tok, params: SamplingParams) -> None:
         self.detok, self.params, self.ids = IncrementalDetokenizer(tok, PROMPT, params), params, []

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from nanovllm_ref import LLM, SamplingParams
+from nanovllm_ref.sampling_params import RequestOutputKind
 
 from .device import has_cuda, percentile, sync
 from .models import load_format, model_folder
@@ -53,6 +54,7 @@ def params_for(workload: Workload) -> list[SamplingParams]:
     """Request i takes PENALTIES when floor((i + 1) f) > floor(i f), f = the workload's penalized fraction."""
     f = float(workload.notes.get("penalized_fraction", 0.0))
     return [SamplingParams(temperature=workload.temperature, max_tokens=n, ignore_eos=True,
+                           output_kind=RequestOutputKind.FINAL_ONLY,  # (the step API too: no per-step outputs)
                            **(PENALTIES if int((i + 1) * f) > int(i * f) else {}))
             for i, n in enumerate(workload.output_lens)]
 
@@ -192,7 +194,9 @@ def run_latency(
     """TTFT / TPOT / ITL of `batch` requests added at once, `reps` times (fresh prompts, empty prefix cache)."""
     device = _device(llm)
     result = LatencyResult(batch, prompt_len, output_len, reps, [], [], [])
-    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
+    # FINAL_ONLY: the engine builds no per-step outputs, so the times are the engine's; tokens are counted below
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
     for rep in range(reps):
         prompts = uniform(batch, prompt_len, output_len, seed=seed + rep).prompts
         reset_prefix_cache(llm)

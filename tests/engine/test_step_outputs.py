@@ -13,6 +13,8 @@ from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.outputs import RequestOutput
 from nanovllm_ref.sampling_params import RequestOutputKind
 
+from golden.load import checkpoint_path
+
 from ..conftest import QWEN3
 
 CUMULATIVE, DELTA, FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
@@ -22,7 +24,7 @@ SAMPLED = SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM(QWEN3, dtype="float32", max_model_len=256, kvcache_block_size=16) as llm:
+    with LLM(checkpoint_path(QWEN3), dtype="float32", max_model_len=256, kvcache_block_size=16) as llm:
         yield llm
 
 
@@ -186,7 +188,7 @@ def test_delta_outputs_under_async_scheduling_match_the_plain_loops(llm):
     params = [dataclasses.replace(SAMPLED, logprobs=None, prompt_logprobs=None, output_kind=DELTA, max_tokens=m)
               for m in (10, 14, 6)]
     plain = [_joined(outs) for outs in _run(llm, prompts, params).values()]
-    with LLM(QWEN3, dtype="float32", max_model_len=256, kvcache_block_size=16, async_scheduling=True) as ahead:
+    with LLM(checkpoint_path(QWEN3), dtype="float32", max_model_len=256, kvcache_block_size=16, async_scheduling=True) as ahead:
         got = _run(ahead, prompts, params)
     for outs, ref, sp in zip(got.values(), plain, params):
         assert len(outs) == sp.max_tokens and all(len(o.token_ids) == 1 for o in outs)

@@ -13,6 +13,8 @@ from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.outputs import RequestOutput
 from nanovllm_ref.serve.engine_loop import Delta, EngineLoop, LoopObserver
 
+from golden.load import checkpoint_path
+
 from ..conftest import QWEN3
 
 
@@ -35,7 +37,7 @@ class _Counts(LoopObserver):
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM(QWEN3, dtype="float32", max_model_len=256) as llm:
+    with LLM(checkpoint_path(QWEN3), dtype="float32", max_model_len=256) as llm:
         yield llm
 
 

@@ -27,7 +27,7 @@ PARTS = (
     ("  attention layer (store + attend)", "layers/attention.py", "forward"),
     ("    attention backend: attend", "_backend.py", "forward"),
     ("    attention backend: store_kv", "_backend.py", "store_kv"),
-    ("  q/k norm + RoPE (CPU path)", "models/qwen3.py", "_cpu_qk"),
+    ("  q/k norm + RoPE (CPU path)", "kernels/qkv_epilogue.py", "qkv_norm_rope_reference"),
     ("  rotary embedding", "kernels/rotary.py", "rotate"),
     ("  RMSNorm (hidden, q and k)", "kernels/rmsnorm.py", "rms_norm_reference"),
     ("  MLP activation", "kernels/activation.py", "silu_and_mul_reference"),

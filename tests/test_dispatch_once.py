@@ -115,3 +115,27 @@ def test_modules_pick_their_functions_from_the_plan_they_are_built_for():
     assert not plain.fuses_epilogue and not plain.use_gluon and fused.fuses_epilogue and fused.use_gluon
     assert TorchBackend(4, 2, 8, 1.0, gpu_inv).batch_invariant
     assert not TorchBackend(4, 2, 8, 1.0, cpu).batch_invariant
+
+
+def test_the_plan_takes_the_environment_once(monkeypatch, tmp_path):
+    """resolve_plan reads env.py's variables when the engine is resolved: the CPU's plan is the references'; CUDA's
+    takes the kernels, the fused epilogue, graphs unless enforce_eager, and the Gluon fp8 decode on sm_90 unless
+    NANOVLLM_REF_GLUON=0 or NANOVLLM_REF_SLOW_KERNELS=1 (which also gives the slow tiles)."""
+    import torch
+
+    from nanovllm_ref import env
+    from nanovllm_ref.config import Config, resolve_plan
+
+    f32 = torch.float32
+    cpu = resolve_plan(Config(model=str(tmp_path), batch_invariant=True), "cpu", f32, f32, "torch")
+    assert (cpu.use_kernels, cpu.fused_epilogue, cpu.cuda_graphs, cpu.gluon_fp8_decode) == (False,) * 4
+    assert cpu.batch_invariant and cpu.cpu_weight_layout and not cpu.kv_fp8 and cpu.backend == "torch"
+    monkeypatch.setattr(env, "hopper", lambda device: True)  # (no GPU here: an sm_90 one, as far as the plan knows)
+    for gluon, slow in (("1", "0"), ("0", "0"), ("1", "1")):
+        monkeypatch.setenv("NANOVLLM_REF_GLUON", gluon)
+        monkeypatch.setenv("NANOVLLM_REF_SLOW_KERNELS", slow)
+        gpu = resolve_plan(Config(model=str(tmp_path)), "cuda", torch.bfloat16, torch.float8_e4m3fn, "triton")
+        assert gpu.use_kernels and gpu.fused_epilogue and gpu.cuda_graphs and gpu.kv_fp8 and not gpu.cpu_weight_layout
+        assert gpu.gluon_fp8_decode == ((gluon, slow) == ("1", "0")) and gpu.slow_kernels == (slow == "1")
+    eager = resolve_plan(Config(model=str(tmp_path), enforce_eager=True), "cuda", f32, f32, "triton")
+    assert not eager.cuda_graphs

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from nanovllm_ref.attention import BACKENDS, AttentionMetadata, resolve_backend_name
-from nanovllm_ref.config import BACKEND_NAMES
 from nanovllm_ref.attention.flash_attn_backend import FlashAttnBackend
 from nanovllm_ref.attention.torch_backend import TorchBackend
+from nanovllm_ref.config import BACKEND_NAMES
 from nanovllm_ref.testing.strategies import make_paged_batch
 
 

@@ -1,10 +1,13 @@
 """Engine configuration: the keyword arguments of `LLM(model, **config)` as a frozen, validated dataclass; the
 checkpoint's architecture (`ModelConfig`, read once from its HF config); and what they resolve to on a machine
-(`RunnerSpec`, made once by `resolve_spec`).
+(`RunnerSpec` and its `Plan`, made once by `resolve_spec`).
 
 An unknown key is a TypeError (nano-vllm silently dropped them); a bad value is a ValueError that names the
 field and the limit. Values that depend on the checkpoint or the machine ("auto" device/dtype, the KV cache
-size) are resolved into the RunnerSpec, never written back into the Config.
+size) are resolved into the RunnerSpec, never written back into the Config. The `Plan` is every feature decision
+the modules need (kernels or references, batch invariance, the fused QKV epilogue, the fp8 decode kernel): the
+modules receive it when they are built and pick their functions then, never per call (vLLM's dispatch-once
+`CustomOp`; gpt-fast's model transforms). The environment is read in one module, env.py.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import env
 from .sampling_params import check_bools, check_int, check_number
 
 if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument checks
@@ -25,6 +29,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "auto": the model dtype; "fp8" = "fp8_e4m3" (vLLM's names)
 LOAD_FORMATS = ("auto", "dummy")
 INVARIANT_BACKENDS = ("auto", "torch", "triton")  # batch_invariant=True: "auto" is torch on the CPU, triton on CUDA
+BACKEND_NAMES = ("flash-attn", "sdpa", "torch", "triton")  # attention/'s registry (attention.BACKENDS)
+FLASH_ATTN_PAGE_MULTIPLE = 256  # FA2's paged KV cache: page_block_size must be divisible by 256
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class Config:
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture the models are built from: transformers' field names, read once from the HF config (both
-    RoPE dialects: `rope_parameters`, or `rope_theta` + `rope_scaling`; layers/rotary.py), with its defaults.
+    RoPE dialects: `rope_parameters`, or `rope_theta` + `rope_scaling`: `rope_parameters` below), with its defaults.
     Fields that no model here implements (another activation, shared experts, a RoPE type) are refused there."""
 
     architectures: tuple[str, ...]
@@ -124,8 +131,6 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: Any) -> ModelConfig:
-        from .layers.rotary import rope_parameters
-
         given = {f.name: v for f in dataclasses.fields(cls) if (v := getattr(hf, f.name, None)) is not None}
         heads, eos = hf.num_attention_heads, given.get("eos_token_id")
         if given.get("hidden_act", "silu") != "silu":
@@ -147,23 +152,109 @@ class ModelConfig:
         })
 
 
+def rope_parameters(hf_config: Any) -> dict:
+    """The checkpoint's RoPE settings in transformers' v5 form, from `rope_parameters` (v5) or `rope_scaling` (or
+    nothing) with `rope_theta` at the top level (v4). Types this engine does not implement are refused."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("rope_parameters.partial_rotary_factor != 1 is not supported")
+    if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling type {params['rope_type']!r} (config field rope_scaling/rope_parameters) is not "
+            f"supported; supported: {SUPPORTED_ROPE_TYPES}"
+        )
+    return params
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the modules are built for, resolved once (`resolve_plan`): each layer picks its function from it in
+    `__init__` (kernel or reference, batch-invariant or not). The defaults are the CPU's reference path."""
+
+    device: str = "cpu"
+    dtype: torch.dtype | None = None  # the model's (None: torch's default)
+    kv_dtype: torch.dtype | None = None  # the model's, or float8_e4m3fn (with per-head scales)
+    backend: str = "sdpa"  # the attention backend (attention.BACKENDS)
+    batch_invariant: bool = False  # a row's results independent of the rest of the batch (kernels/matmul.py)
+    use_kernels: bool = False  # the Triton kernels (CUDA) for norms, SwiGLU, MoE, sampling; else the torch references
+    fused_epilogue: bool = False  # q/k norm, RoPE and the KV store in one kernel where the backend's store allows it
+    gluon_fp8_decode: bool = False  # an fp8 cache's decode by the Gluon kernel where it fits (sm_90)
+    slow_kernels: bool = False  # the decode kernel's deliberately slow tiles (the perf gate's demo regression)
+    cpu_weight_layout: bool = False  # linear weights column-major after loading (the CPU BLAS's faster product)
+    cuda_graphs: bool = False  # decode steps replayed from captured CUDA graphs
+    tp_size: int = 1
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype is not None and self.kv_dtype.itemsize == 1
+
+
+REFERENCE_PLAN = Plan()  # the default of modules built outside an engine (tests): the CPU's torch references
+
+
+def resolve_plan(config: Config, device: str, dtype: torch.dtype, kv_dtype: torch.dtype, backend: str) -> Plan:
+    """The feature decisions for `config` on `device`: the environment's (env.py) read here, once."""
+    import torch
+
+    cuda = device == "cuda"
+    return Plan(
+        device=device, dtype=dtype, kv_dtype=kv_dtype, backend=backend, batch_invariant=config.batch_invariant,
+        use_kernels=cuda, fused_epilogue=cuda,
+        gluon_fp8_decode=cuda and env.gluon_fp8_default(torch.device(device)), slow_kernels=env.slow_kernels(),
+        cpu_weight_layout=not cuda, cuda_graphs=cuda and not config.enforce_eager,
+        tp_size=config.tensor_parallel_size,
+    )
+
+
+def flash_attn_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_backend_name(name: str, device: str, block_size: int = 16, batch_invariant: bool = False) -> str:
+    """"auto": sdpa on the CPU; on CUDA flash-attn when it imports and the block size suits it, else triton. In
+    batch-invariant mode "auto" is the fixed-order path of the device: torch on the CPU, triton on CUDA."""
+    if name == "auto":
+        if device == "cpu":
+            return "torch" if batch_invariant else "sdpa"
+        fa_fits = flash_attn_available() and block_size % FLASH_ATTN_PAGE_MULTIPLE == 0
+        return "flash-attn" if fa_fits and not batch_invariant else "triton"
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKEND_NAMES)}, got {name!r}")
+    return name
+
+
 @dataclass(frozen=True)
 class RunnerSpec:
     """The Config as resolved for this checkpoint on this machine (picklable, sent to TP workers)."""
 
     config: Config
-    device: str
-    dtype: torch.dtype
-    kv_dtype: torch.dtype  # the model's, or float8_e4m3fn (with per-head scales)
-    backend: str
+    plan: Plan
     max_model_len: int
     cpu_threads: int  # torch intra-op threads on the CPU
+
+    @property
+    def device(self) -> str:
+        return self.plan.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.plan.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.plan.kv_dtype
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
 
 
 def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
     import torch
-
-    from .attention import resolve_backend_name
 
     device = config.device
     if device == "auto":
@@ -185,9 +276,9 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
         raise ValueError(f"config sliding_window={window} < max_model_len={max_model_len}: sliding-window attention "
                          f"is not implemented; set max_model_len <= {window}")
     backend = resolve_backend_name(config.attention_backend, device, config.kvcache_block_size, config.batch_invariant)
+    kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype
     return RunnerSpec(
-        config, device, dtype, kv_dtype=torch.float8_e4m3fn if config.kv_cache_dtype != "auto" else dtype,
-        backend=backend, max_model_len=max_model_len,
+        config, resolve_plan(config, device, dtype, kv_dtype, backend), max_model_len=max_model_len,
         cpu_threads=config.cpu_threads or auto_cpu_threads(model.hidden_size, config.tensor_parallel_size),
     )
 
@@ -195,5 +286,5 @@ def resolve_spec(config: Config, model: ModelConfig) -> RunnerSpec:
 def auto_cpu_threads(hidden_size: int, tp: int) -> int:
     """OMP_NUM_THREADS or the usable cores, shared by the TP ranks, and no more than hidden_size // 256."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or usable
+    cores = env.omp_num_threads() or usable
     return max(1, min(cores // tp, hidden_size // 256))

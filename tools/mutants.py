@@ -230,7 +230,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "RoPE settings read from config.json in one dialect: rope_parameters, else the top-level rope_theta alone "
       "(a published checkpoint's rope_scaling, Llama 3's llama3 scaling, ignored)", (DIALECT_VIEW,),
       (DIALECT_CONF, "--model", "llama3-tiny")),
-    M("cpu-qk-block-rope-offset", "nanovllm_ref/models/qwen3.py",
+    M("cpu-qk-block-rope-offset", "nanovllm_ref/kernels/qkv_epilogue.py",
       "rotate(x, cos[a : a + rows], sin[a : a + rows], out=out[a : a + rows])",
       "rotate(x, cos[: len(x)], sin[: len(x)], out=out[a : a + rows])",
       "CPU q/k norm + RoPE in cache-sized blocks: every block after the first takes the first block's angles",
@@ -511,9 +511,10 @@ MUTANTS: tuple[Mutant, ...] = (
       (GLUON_TESTS,), FP8_KERNEL_CHECK, gpu=True),
     # batch-invariant mode (kernels/matmul.py, kernels/invariant_attention.py): caught by the invariance module in
     # exact mode with the mode on; the CUDA sites by the same module on the GPU (bf16)
-    M("batch-invariant-gemm-fallback", "nanovllm_ref/layers/linear.py",
-      "(batch_invariant_linear if self.batch_invariant else F.linear)",
-      "(batch_invariant_linear if self.batch_invariant and x.shape[0] >= 8 else F.linear)",
+    M("batch-invariant-gemm-fallback", "nanovllm_ref/kernels/matmul.py",
+      "    return invariant_linear if use_kernels else invariant_linear_reference\n",
+      "    product = invariant_linear if use_kernels else invariant_linear_reference\n"
+      "    return lambda x, weight, bias=None: (product if x.shape[0] >= 8 else F.linear)(x, weight, bias)\n",
       "batch-invariant mode: steps of under 8 rows (a lone decode) take the BLAS's own product", (INVARIANT_TESTS,),
       INVARIANCE_EXACT),
     M("batch-invariant-split-by-batch", "nanovllm_ref/kernels/invariant_attention.py",

@@ -10,19 +10,13 @@ pairing as nano-vllm (Yu, 2025); API: Dao, flash-attention `flash_attn_interface
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
+from ..config import FLASH_ATTN_PAGE_MULTIPLE as PAGE_MULTIPLE  # FA2's paged KV cache: pages of 256 tokens
+from ..config import flash_attn_available
 from .metadata import AttentionMetadata
 from .triton_backend import TritonBackend
-
-PAGE_MULTIPLE = 256  # FA2's paged KV cache: page_block_size must be divisible by 256
-
-
-def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
 
 
 class FlashAttnBackend(TritonBackend):  # its store_kv: the Triton KV-store kernel

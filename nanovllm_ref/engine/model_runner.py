@@ -16,11 +16,11 @@ import torch
 from ..attention import BACKENDS, forward_context
 from ..config import ModelConfig, RunnerSpec
 from ..distributed import all_reduce_min, broadcast_from_first_rank, rank_kv_heads, tp_rank, tp_size
-from ..kernels.kv_quant import FP8, kv_scales_from_checkpoint
+from ..kernels.kv_quant import kv_scales_from_checkpoint
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
-from ..loader import init_dummy_weights, load_weights
+from ..loader import column_major_linears, init_dummy_weights, load_weights
 from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
 from .inputs import StepInput, dummy_prefill_step
@@ -54,35 +54,35 @@ class ModelRunner:
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
-        backend_cls = BACKENDS[spec.backend]
+        plan = spec.plan  # what every module is built for (config.Plan)
+        backend_cls = BACKENDS[plan.backend]
         backend_cls.check_supported(spec.device, self.block_size, model_config.head_dim)
-        if spec.kv_dtype == FP8 and not backend_cls.fp8_kv:
+        if plan.kv_fp8 and not backend_cls.fp8_kv:
             raise ValueError(f"kv_cache_dtype fp8 is not supported by attention_backend {spec.backend!r}; use triton")
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(spec.dtype)
         try:
             with torch.device(self.device):
-                self.model = get_model_class(model_config)(model_config, backend_cls)
+                self.model = get_model_class(model_config)(model_config, plan)
         finally:
             torch.set_default_dtype(default_dtype)
         if spec.config.load_format == "dummy":
             init_dummy_weights(self.model, seed=0)
         else:
             load_weights(self.model, spec.config.model)
+        if plan.cpu_weight_layout:
+            column_major_linears(self.model)
         self.graphs: DecodeGraphs | None = None
         self.penalty_counts = PenaltyCounts()  # penalized sequences' token counts, kept on the device
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        if spec.config.batch_invariant:  # read per module (not a global): engines side by side keep their own mode
-            for m in (*self.model.modules(), *(a.backend for a in self.attn_layers)):
-                if hasattr(m, "batch_invariant"):
-                    m.batch_invariant = True
-        self.kv_dtype = spec.kv_dtype
-        if self.kv_dtype == FP8:
+        self.use_kernels = plan.use_kernels  # the sampler's draw: the Triton kernel on CUDA
+        self.kv_dtype = plan.kv_dtype
+        if plan.kv_fp8:
             self._set_kv_scales()
         if self.device.type == "cuda":
             self._warmup(measure=spec.config.num_kvcache_blocks is None)
         self.num_kvcache_blocks = self._allocate_kv_cache()
-        if self.device.type == "cuda" and not spec.config.enforce_eager:
+        if plan.cuda_graphs:
             self.graphs = DecodeGraphs(
                 self.model, model_config.hidden_size, spec.dtype, self.device, spec.config.max_num_seqs,
                 spec.max_model_len, self.block_size,
@@ -159,7 +159,8 @@ class ModelRunner:
                 ones = torch.ones(len(logits), device=self.device)
                 zeros = torch.zeros(len(logits), dtype=torch.int64, device=self.device)
                 for top_k in (0, 1):  # the top-k / top-p path samples float32 logits: a variant of its own
-                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0))
+                    sample(logits, SamplingBatch(ones, zeros + top_k, ones, zeros, zeros, needs_filter=top_k > 0),
+                           self.use_kernels)
         torch.cuda.synchronize()
         self._set_kv_cache(None)
         torch.cuda.empty_cache()
@@ -246,7 +247,7 @@ class ModelRunner:
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
         )
         if len(step.processed) < len(step.sample_seq_ids):
-            packed = sample(sample_logits, batch)
+            packed = sample(sample_logits, batch, self.use_kernels)
         else:  # every row takes the processing path: only the finite flags are needed from here
             packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
         processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)

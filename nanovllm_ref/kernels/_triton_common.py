@@ -19,10 +19,9 @@ for the hardware, independently of the page size (as vLLM's Triton unified atten
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
+
+from ..env import hopper, native_e4m3, num_sms, upcast_dots  # noqa: F401 (the kernels' device probes)
 
 try:  # optional (the "gpu" extra): without it the torch references still import
     import triton
@@ -31,13 +30,6 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 LOG2E = 1.4426950408889634
-
-
-def upcast_dots(device: torch.device) -> bool:
-    """True when the kernels run in the Triton interpreter (CPU tensors): its `tl.dot` mishandles bfloat16
-    (bf16 is stored as uint16 in numpy), so operands are upcast to float32 there. On GPU the tensor cores take
-    16-bit operands directly."""
-    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def f16_dots(q: torch.Tensor, kv_scales: torch.Tensor | None) -> bool:
@@ -49,24 +41,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs: exact fp32 products ("ieee"), since tf32 (10-bit mantissa) would miss the fp32 tolerance.
     16-bit inputs: the option is ignored; pass the default."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-@functools.cache
-def native_e4m3(device: torch.device) -> bool:
-    """True on a CUDA GPU whose PTX has `cvt.rn.f16x2.e4m3x2` (compute capability 8.9+: Ada, Hopper and later)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-@functools.cache
-def hopper(device: torch.device) -> bool:
-    """True on a CUDA GPU of compute capability 9.0 (H100, H200)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of the device (a host-side property query, once per device: no sync); 8 off-GPU."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 if triton is not None:

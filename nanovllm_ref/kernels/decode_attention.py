@@ -45,10 +45,9 @@ pipelining: perf tests use it to prove that the bandwidth regression gate trips.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .. import env
 from ._triton_common import LOG2E, dot_precision, f16_dots, native_e4m3, num_sms, tl, triton, upcast_dots
 from .decode_attention_fp8 import FP8_GLUON_TILE, gluon_fp8_decode_ok, launch_fp8_decode
 from .prefill_attention import prefill_attention_reference
@@ -173,9 +172,9 @@ if triton is not None:
 
 
 def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
-                       programs_per_sm: float = 0.0) -> dict[str, int]:
-    """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel (honours NANOVLLM_REF_SLOW_KERNELS).
-    programs_per_sm: (sequences x KV heads) / SMs of the call (the fp8 tile depends on it)."""
+                       programs_per_sm: float = 0.0, slow: bool | None = None) -> dict[str, int]:
+    """BLOCK_N (keys per tile), num_warps, num_stages of the split kernel. programs_per_sm: (sequences x KV heads) /
+    SMs of the call (the fp8 tile depends on it); slow: the deliberately slow tiles (None: env.slow_kernels())."""
     if fp8 and head_dim <= 128 and dtype != torch.float32:
         cfg = dict(FP8_DECODE_TILE_WIDE if programs_per_sm >= FP8_WIDE_PROGRAMS_PER_SM else FP8_DECODE_TILE)
     elif head_dim <= 128 and dtype != torch.float32:
@@ -184,7 +183,7 @@ def decode_tile_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
         cfg = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
     else:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
-    if os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") == "1":
+    if env.slow_kernels() if slow is None else slow:
         cfg = {"BLOCK_N": max(16, cfg["BLOCK_N"] // 2), "num_warps": 4, "num_stages": 1}
     return cfg
 
@@ -239,6 +238,8 @@ def decode_attention(
     tile_config: dict[str, int] | None = None,  # override decode_tile_config (benchmark sweeps); "GLUON": 1 with
     # BLOCK_N and STAGES: the fp8 Gluon kernel's tile
     kv_scales: torch.Tensor | None = None,  # (2, num_kv_heads) float32: an fp8 cache's K and V scales
+    use_gluon: bool | None = None,  # the Gluon fp8 kernel where it fits (None: env.gluon_fp8_default(q.device))
+    slow: bool | None = None,  # the deliberately slow tiles (None: env.slow_kernels())
 ) -> torch.Tensor:  # (num_seqs, num_heads, head_dim), q's dtype
     """Triton version of `decode_attention_reference`. No host sync, shape-determined allocations only."""
     num_seqs, num_heads, head_dim = q.shape
@@ -251,12 +252,13 @@ def decode_attention(
     sms = num_sms(q.device)
     units = (split_batch or num_seqs) * num_kv_heads  # a CUDA-graph bucket's batch: eager == graph
     gluon = (bool(tile_config.get("GLUON")) if tile_config is not None
-             else gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales, out))
+             else gluon_fp8_decode_ok(q, k_cache, v_cache, kv_scales, out,
+                                      env.gluon_fp8_default(q.device) if use_gluon is None else use_gluon))
     if gluon:  # an fp8 cache on sm_90: kernels/decode_attention_fp8.py
         cfg = {k: v for k, v in (tile_config or FP8_GLUON_TILE).items() if k != "GLUON"}
     else:
-        cfg = dict(tile_config) if tile_config is not None else decode_tile_config(head_dim, q.dtype,
-                                                                                   kv_scales is not None, units / sms)
+        cfg = dict(tile_config) if tile_config is not None else decode_tile_config(
+            head_dim, q.dtype, kv_scales is not None, units / sms, slow)
     block_n, block_g = cfg.pop("BLOCK_N"), max(8 if cfg.get("SWAP") else 16, triton.next_power_of_2(group))
     if num_splits is None:
         max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size

@@ -29,11 +29,7 @@ Gluon has no interpreter: this kernel runs on GPUs only; the CPU path is the Tri
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-from ._triton_common import hopper
 
 try:  # the Gluon dialect of triton 3.6+ (the "gpu" extra); without it the Triton kernel serves fp8 caches
     from triton.experimental import gluon
@@ -49,18 +45,17 @@ FP8_GLUON_TILE = {"BLOCK_N": 32, "STAGES": 3}
 
 
 def gluon_fp8_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        kv_scales: torch.Tensor | None, out: torch.Tensor) -> bool:
-    """Whether `decode_attention` takes this kernel: an fp8 cache of head_dim 128 read by 16-bit queries on an
-    sm_90 GPU (the target it is tested and tuned on; it needs sm_89+), GQA group <= 8, unit last strides, cache rows
-    16-byte aligned (its async copies move 16 bytes); `NANOVLLM_REF_GLUON=0` turns it off, and so does
-    `NANOVLLM_REF_SLOW_KERNELS=1` (the Triton kernel's deliberately slow tiles, the gate demo's regression)."""
-    return (gluon is not None and kv_scales is not None and q.is_cuda and hopper(q.device)
+                        kv_scales: torch.Tensor | None, out: torch.Tensor, enabled: bool) -> bool:
+    """Whether `decode_attention` takes this kernel: `enabled` (the caller's: an sm_90 GPU, the target it is tested
+    and tuned on, it needs sm_89+, and neither `NANOVLLM_REF_GLUON=0` nor `NANOVLLM_REF_SLOW_KERNELS=1`, the Triton
+    kernel's deliberately slow tiles, the gate demo's regression: env.gluon_fp8_default), an fp8 cache of head_dim
+    128 read by 16-bit queries, GQA group <= 8, unit last strides, cache rows 16-byte aligned (its async copies move
+    16 bytes)."""
+    return (enabled and gluon is not None and kv_scales is not None
             and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == HEAD_DIM
             and q.shape[1] // k_cache.shape[2] <= 8 and q.stride(-1) == out.stride(-1) == k_cache.stride(-1) == 1
             and all(s % 16 == 0 for s in k_cache.stride()[:3])
-            and k_cache.data_ptr() % 16 == v_cache.data_ptr() % 16 == 0
-            and os.environ.get("NANOVLLM_REF_GLUON", "1") != "0"
-            and os.environ.get("NANOVLLM_REF_SLOW_KERNELS", "0") != "1")
+            and k_cache.data_ptr() % 16 == v_cache.data_ptr() % 16 == 0)
 
 
 try:  # a Gluon of another API (triton 3.4-3.5) does not build these: the Triton kernel serves then

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ._triton_common import dot_precision, tl, triton, upcast_dots
 
@@ -178,6 +180,9 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return out.view(*shape[:-1], n)
 
 
-def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The engine's choice: the Triton kernel on CUDA, the row-tiled BLAS elsewhere."""
-    return (invariant_linear if x.is_cuda else invariant_linear_reference)(x, weight, bias)
+def linear_op(batch_invariant: bool, use_kernels: bool) -> Callable[..., torch.Tensor]:
+    """The product `(x, weight, bias) -> x @ weight.T + bias` a layer takes, picked once when it is built: F.linear,
+    or in the engine's batch_invariant mode the Triton kernel (use_kernels: CUDA) or the row-tiled BLAS."""
+    if not batch_invariant:
+        return F.linear
+    return invariant_linear if use_kernels else invariant_linear_reference

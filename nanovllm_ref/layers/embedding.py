@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import REFERENCE_PLAN, Plan
 from ..distributed import all_reduce, gather_last_dim_to_first_rank, tp_rank, tp_size
-from ..kernels.matmul import batch_invariant_linear
+from ..kernels.matmul import linear_op
 from .linear import check_shape
 
 
@@ -40,9 +41,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    batch_invariant = False  # as LinearBase's
+    def __init__(self, vocab_size: int, hidden: int, plan: Plan = REFERENCE_PLAN) -> None:
+        super().__init__(vocab_size, hidden)
+        self.product = linear_op(plan.batch_invariant, plan.use_kernels)  # as LinearBase's
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # (n, vocab) on rank 0
-        product = batch_invariant_linear if self.batch_invariant else F.linear
-        logits = gather_last_dim_to_first_rank(product(hidden, self.weight))
+        logits = gather_last_dim_to_first_rank(self.product(hidden, self.weight))
         return None if logits is None else logits[:, : self.vocab_size]

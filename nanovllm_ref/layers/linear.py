@@ -9,11 +9,11 @@ costs one all-reduce.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..config import REFERENCE_PLAN, Plan
 from ..distributed import all_reduce, divide, rank_kv_heads, tp_rank, tp_size
-from ..kernels.matmul import batch_invariant_linear
+from ..kernels.matmul import linear_op
 
 
 def check_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -28,18 +28,19 @@ def load_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = Non
 
 
 class LinearBase(nn.Module):
-    batch_invariant = False  # set by the engine's batch_invariant mode: a row's result independent of the others
     weight_loader = staticmethod(load_whole)
 
-    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool, plan: Plan = REFERENCE_PLAN) -> None:
         super().__init__()
+        # the engine's batch_invariant mode: a row's result independent of the others (kernels/matmul.py)
+        self.product = linear_op(plan.batch_invariant, plan.use_kernels)
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
         for param in self.parameters():  # the loader copies a checkpoint tensor through its parameter's weight_loader
             param.weight_loader = self.weight_loader
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return (batch_invariant_linear if self.batch_invariant else F.linear)(x, self.weight, bias)
+        return self.product(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -53,7 +54,8 @@ class ColumnParallelLinear(LinearBase):
     """Splits output features across ranks; the output stays sharded. Its rows may pack several checkpoint tensors
     one after another (`parts`, e.g. gate_proj and up_proj -> gate_up_proj), each split across the ranks on its own."""
 
-    def __init__(self, input_size: int, parts: dict[object, tuple[int, int]], bias: bool = False) -> None:
+    def __init__(self, input_size: int, parts: dict[object, tuple[int, int]], bias: bool = False,
+                 plan: Plan = REFERENCE_PLAN) -> None:
         # parts: shard_id -> (the checkpoint tensor's rows, how many consecutive ranks share each slice of it);
         # slices: shard_id -> (first row here, rows, first row in the checkpoint tensor, the tensor's rows)
         self.slices: dict[object, tuple[int, int, int, int]] = {}
@@ -62,7 +64,7 @@ class ColumnParallelLinear(LinearBase):
             rows = divide(full * sharing, tp_size(), "output size")
             self.slices[shard_id] = (offset, rows, tp_rank() // sharing * rows, full)
             offset += rows
-        super().__init__(input_size, offset, bias)
+        super().__init__(input_size, offset, bias, plan)
         for param in self.parameters():  # the loader checks that every part was loaded
             param.shard_ids = set(parts)
 
@@ -78,18 +80,19 @@ class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matrix; heads split across ranks, KV heads replicated when
     there are fewer KV heads than ranks (each rank keeps the KV head its query heads read)."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+                 plan: Plan = REFERENCE_PLAN) -> None:
         tp = tp_size()
         self.num_heads, self.num_kv_heads = num_heads // tp, len(rank_kv_heads(num_heads, num_kv_heads, tp_rank(), tp))
         kv = (num_kv_heads * head_dim, tp * self.num_kv_heads // num_kv_heads)  # (ranks sharing a KV head)
-        super().__init__(hidden, {"q": (num_heads * head_dim, 1), "k": kv, "v": kv}, bias)
+        super().__init__(hidden, {"q": (num_heads * head_dim, 1), "k": kv, "v": kv}, bias, plan)
 
 
 class RowParallelLinear(LinearBase):
     """Splits input features across ranks and sums the partial products (one all-reduce)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, plan: Plan = REFERENCE_PLAN) -> None:
+        super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias, plan)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         if param.dim() == 1:  # the bias is added once, after the reduction: every rank holds all of it

@@ -61,15 +61,16 @@ class SamplingBatch:
     needs_filter: bool  # any row with top-k or top-p
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """(n, vocab) logits -> (2, n) int64: the sampled tokens, and 1 where the row's logits are all finite."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, use_kernels: bool = False) -> torch.Tensor:
+    """(n, vocab) logits -> (2, n) int64: the sampled tokens, and 1 where the row's logits are all finite.
+    use_kernels: the Triton draw (the plan's, CUDA), else the reference."""
     temp = batch.temperature
     finite = None
     if batch.needs_filter:  # (the filter writes -inf: the finiteness is that of the model's logits)
         finite = torch.isfinite(logits).all(dim=-1)
         logits = apply_warpers(logits, temp, batch.top_k, batch.top_p)
         temp = torch.where(temp > 0, 1.0, 0.0)  # already scaled; greedy rows keep their argmax
-    draw = gumbel_sample if logits.is_cuda else gumbel_sample_reference
+    draw = gumbel_sample if use_kernels else gumbel_sample_reference
     out = draw(logits.contiguous(), temp.contiguous(), batch.seeds.contiguous(), batch.counters.contiguous())
     if finite is not None:
         out[1] = finite

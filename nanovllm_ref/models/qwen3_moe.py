@@ -13,12 +13,14 @@ columns), the router is replicated, and the block ends in one all-reduce.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, Plan
 from ..distributed import all_reduce, divide, tp_rank, tp_size
 from ..kernels.fused_moe import fused_moe, fused_moe_ref
 from ..kernels.matmul import invariant_linear_reference
@@ -59,14 +61,22 @@ class FusedExperts(nn.Module):
         dst.copy_(loaded.narrow(-1, tp_rank() * self.inter, self.inter))
 
 
-class SparseMoeBlock(nn.Module):
-    batch_invariant = False  # the engine's batch_invariant mode: one expert tile, row-tiled CPU products
+def moe_op(plan: Plan) -> Callable[..., torch.Tensor]:
+    """The experts' product `(x, gate_up, down, weights, ids) -> (T, H)`: the Triton kernel (the plan's kernels,
+    CUDA) or the reference; in the engine's batch_invariant mode one expert tile, row-tiled CPU products."""
+    if not plan.batch_invariant:
+        return fused_moe if plan.use_kernels else fused_moe_ref
+    return (functools.partial(fused_moe, invariant=True) if plan.use_kernels else
+            functools.partial(fused_moe_ref, linear=invariant_linear_reference))
 
-    def __init__(self, cfg: ModelConfig) -> None:
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, plan: Plan) -> None:
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, bool(cfg.norm_topk_prob)
-        self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, bias=False, plan=plan)
         self.experts = FusedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.experts_op = moe_op(plan)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (T, E)
@@ -74,20 +84,17 @@ class SparseMoeBlock(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         args = (x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids)
-        if not self.batch_invariant:
-            return all_reduce((fused_moe if x.is_cuda else fused_moe_ref)(*args))
-        return all_reduce(fused_moe(*args, invariant=True) if x.is_cuda else
-                          fused_moe_ref(*args, linear=invariant_linear_reference))
+        return all_reduce(self.experts_op(*args))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     """transformers' `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, Qwen3-235B-A22B): no shared experts (a config that has
     them is refused: ModelConfig.from_hf)."""
 
-    def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, flags: dict, plan: Plan) -> nn.Module:
         sparse = (layer_idx not in cfg.mlp_only_layers and cfg.num_experts > 0
                   and (layer_idx + 1) % cfg.decoder_sparse_step == 0)
-        return SparseMoeBlock(cfg) if sparse else super().make_mlp(cfg, layer_idx, flags)
+        return SparseMoeBlock(cfg, plan) if sparse else super().make_mlp(cfg, layer_idx, flags, plan)
 
     def checkpoint_target(self, name: str) -> tuple[str, object]:
         """`...experts.{e}.gate_proj|up_proj|down_proj.weight` -> the stacked parameter and (expert, part)."""

@@ -62,7 +62,10 @@ def test_fused_qkv_epilogue_matches_torch_backend(monkeypatch, model):
     """The fused q/k-norm + RoPE + KV-store path (CUDA-only in the engine) forced on through the interpreter: the
     same greedy tokens and logprobs as the unfused torch backend, with q/k norm (Qwen3), qkv bias without norm
     (Qwen2) and llama3 RoPE scaling, over prefill, chunked prefill and decode."""
-    from nanovllm_ref.layers.attention import Attention
+    import dataclasses
+
+    import nanovllm_ref.attention.triton_backend as triton_backend
+    import nanovllm_ref.config as config
 
     prompts = [[5, 6, 7], [9] * 20 + [4, 4], list(range(3, 40))]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
@@ -70,11 +73,9 @@ def test_fused_qkv_epilogue_matches_torch_backend(monkeypatch, model):
     ref = LLM(path, dtype="float32", attention_backend="torch").generate(prompts, params, use_tqdm=False)
     calls = []
 
-    def fuses(self, x):
-        calls.append(1)
-        return self.backend.fused_store_ok
-
-    monkeypatch.setattr(Attention, "fuses_epilogue", fuses)
+    resolve, fused = config.resolve_plan, triton_backend.qkv_epilogue
+    monkeypatch.setattr(config, "resolve_plan", lambda *a: dataclasses.replace(resolve(*a), fused_epilogue=True))
+    monkeypatch.setattr(triton_backend, "qkv_epilogue", lambda *a: calls.append(1) or fused(*a))
     llm = LLM(path, dtype="float32", attention_backend="triton", max_num_batched_tokens=24, max_num_seqs=3)
     out = llm.generate(prompts, params, use_tqdm=False)
     assert calls, "the fused path was not taken"

@@ -20,6 +20,7 @@ import torch
 from nanovllm_ref.attention import BACKENDS, AttentionMetadata, resolve_backend_name
 from nanovllm_ref.attention.flash_attn_backend import FlashAttnBackend
 from nanovllm_ref.attention.torch_backend import TorchBackend
+from nanovllm_ref.config import BACKEND_NAMES
 from nanovllm_ref.testing.strategies import make_paged_batch
 
 
@@ -94,12 +95,12 @@ def test_flash_attn_backend_matches_the_torch_reference(fake_flash_attn, case):
 
 
 def test_flash_attn_is_chosen_only_when_it_imports_and_fits(monkeypatch):
-    monkeypatch.setattr("nanovllm_ref.attention.flash_attn_backend.flash_attn_available", lambda: True)
+    monkeypatch.setattr("nanovllm_ref.config.flash_attn_available", lambda: True)
     assert resolve_backend_name("auto", "cuda", 256) == "flash-attn"
     assert resolve_backend_name("auto", "cuda", 16) == "triton"  # FA2's pages are multiples of 256 tokens
     assert resolve_backend_name("auto", "cpu", 256) == "sdpa"
-    assert BACKENDS["flash-attn"] is FlashAttnBackend
-    monkeypatch.setattr("nanovllm_ref.attention.flash_attn_backend.flash_attn_available", lambda: False)
+    assert BACKENDS["flash-attn"] is FlashAttnBackend and sorted(BACKENDS) == sorted(BACKEND_NAMES)
+    monkeypatch.setattr("nanovllm_ref.config.flash_attn_available", lambda: False)
     assert resolve_backend_name("auto", "cuda", 256) == "triton"
 
 

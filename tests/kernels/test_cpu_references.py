@@ -74,8 +74,9 @@ def test_cpu_qk_in_token_blocks_equals_one_pass(qwen3_path, monkeypatch):
     """The CPU path norms and rotates a prompt step's q/k rows a cache-sized block of tokens at a time: the blocks
     (one token each here, the last one partial for any length) must give bit for bit the one-pass result, and the
     step's RoPE factors, made by the first layer, must serve every layer."""
+    import nanovllm_ref.attention.base as base
+    import nanovllm_ref.kernels.qkv_epilogue as epilogue
     import nanovllm_ref.kernels.rotary as rotary
-    import nanovllm_ref.models.qwen3 as qwen3
     from nanovllm_ref import LLM, SamplingParams
 
     llm = LLM(qwen3_path, dtype="float32", attention_backend="sdpa")
@@ -87,12 +88,12 @@ def test_cpu_qk_in_token_blocks_equals_one_pass(qwen3_path, monkeypatch):
         return [(o.token_ids, o.logprobs, o.prompt_logprobs) for o in outs]
 
     tables, rotations = [], []
-    monkeypatch.setattr(qwen3, "rotary_tables", lambda *a: tables.append(1) or rotary.rotary_tables(*a))
-    monkeypatch.setattr(qwen3, "rotate", lambda *a, **k: rotations.append(1) or rotary.rotate(*a, **k))
+    monkeypatch.setattr(base, "rotary_tables", lambda *a: tables.append(1) or rotary.rotary_tables(*a))
+    monkeypatch.setattr(epilogue, "rotate", lambda *a, **k: rotations.append(1) or rotary.rotate(*a, **k))
     one_pass, forwards = run(), len(tables)
     layers = llm.engine.hf_config.num_hidden_layers
     assert layers > 1 and len(rotations) == forwards * layers  # one table per step, one rotation per layer
-    monkeypatch.setattr(qwen3, "CPU_BLOCK_BYTES", 1)
+    monkeypatch.setattr(epilogue, "CPU_BLOCK_BYTES", 1)
     rotations.clear()
     llm.reset_prefix_cache()
     assert run() == one_pass
@@ -100,7 +101,7 @@ def test_cpu_qk_in_token_blocks_equals_one_pass(qwen3_path, monkeypatch):
 
 
 def test_cpu_linear_weights_column_major_same_outputs(qwen3_path):
-    """On the CPU the model stores its linear weights column-major once loaded (a faster BLAS product on decode
+    """On the CPU the loader stores the linear weights column-major once loaded (a faster BLAS product on decode
     rows): same values, and the same greedy tokens as row-major weights."""
     from nanovllm_ref import LLM, SamplingParams
     from nanovllm_ref.layers.linear import LinearBase

@@ -1,5 +1,5 @@
 """Golden checkpoints in the rope_scaling config dialect (oracle/dialects.py): the view rewrites only the RoPE fields,
-nanovllm_ref's loader reads either dialect (layers/rotary.py ``rope_parameters``) and passes the goldens through the
+nanovllm_ref's loader reads either dialect (config.py ``rope_parameters``) and passes the goldens through the
 view, and the suite takes ``CKPT@rope_scaling`` as a golden model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from golden.load import checkpoint_path
-from nanovllm_ref.layers.rotary import rope_parameters
+from nanovllm_ref.config import rope_parameters
 from nanovllm_ref.oracle.dialects import legacy_rope_config, legacy_view, split_dialect
 
 

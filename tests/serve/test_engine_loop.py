@@ -9,11 +9,10 @@ import dataclasses
 
 import pytest
 
+from golden.load import checkpoint_path
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.outputs import RequestOutput
 from nanovllm_ref.serve.engine_loop import Delta, EngineLoop, LoopObserver
-
-from golden.load import checkpoint_path
 
 from ..conftest import QWEN3
 

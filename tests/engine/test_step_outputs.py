@@ -187,7 +187,8 @@ def test_delta_outputs_under_async_scheduling_match_the_plain_loops(llm):
     params = [dataclasses.replace(SAMPLED, logprobs=None, prompt_logprobs=None, output_kind=DELTA, max_tokens=m)
               for m in (10, 14, 6)]
     plain = [_joined(outs) for outs in _run(llm, prompts, params).values()]
-    with LLM(checkpoint_path(QWEN3), dtype="float32", max_model_len=256, kvcache_block_size=16, async_scheduling=True) as ahead:
+    with LLM(checkpoint_path(QWEN3), dtype="float32", max_model_len=256, kvcache_block_size=16,
+             async_scheduling=True) as ahead:
         got = _run(ahead, prompts, params)
     for outs, ref, sp in zip(got.values(), plain, params):
         assert len(outs) == sp.max_tokens and all(len(o.token_ids) == 1 for o in outs)

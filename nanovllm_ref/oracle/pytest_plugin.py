@@ -70,15 +70,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .suite_options import check_versions, validate_options
+    from .suite_options import check_server_reachable, check_suite_not_shadowed, check_versions, validate_options
 
     config.stash[REPORTS] = []
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "slow: long-running")
     if config.getoption("help", False) or config.getoption("version", 0):
         return
+    check_suite_not_shadowed(config)
     check_versions()
     validate_options(config)
+    check_server_reachable(config.getoption("--engine"))
 
 
 def engine_args(config: pytest.Config) -> tuple[tuple[str, Any], ...]:

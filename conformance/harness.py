@@ -34,6 +34,18 @@ class Options:
     engine_args: tuple[tuple[str, Any], ...] = ()  # --engine-arg KEY=VALUE, for the engine's factory
 
 
+def selected_dtypes(config: pytest.Config) -> list[str]:
+    """--dtype's dtypes, in order."""
+    return [d.strip() for d in config.getoption("--dtype").split(",") if d.strip()]
+
+
+def require_dtype(config: pytest.Config, dtype: str) -> None:
+    """Skip a case that runs in ``dtype`` whatever the parametrization when --dtype does not include it (a
+    ``--dtype float32`` run runs no bfloat16 case)."""
+    if dtype not in selected_dtypes(config):
+        pytest.skip(f"--dtype {config.getoption('--dtype')}: this case runs in {dtype} (add it to --dtype)")
+
+
 def selected_models(config: pytest.Config) -> list[ModelSpec]:
     from golden.load import checkpoint_path, golden_name, list_checkpoints, resolve_model
 

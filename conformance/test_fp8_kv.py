@@ -23,7 +23,7 @@ from nanovllm_ref.oracle import fp8_kv
 from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
 from nanovllm_ref.oracle.references import golden_reference, run_check
 
-from .harness import ModelSpec, live_prompts, require_dtype
+from .harness import ModelSpec, live_prompts
 
 PROMPTS = ("single_a", "short_5", "block_15", "block_16", "block_17", "block_33", "long_130", "shared48_prefix",
            "shared48_a", "shared48_b", "prefix_of_next", "extends_prev")
@@ -136,9 +136,8 @@ def test_fp8_kv(model_spec, dtype, options, engines, record, tier_root) -> None:
 
 
 @pytest.mark.gpu
-def test_fp8_kv_gpu(model_spec, options, record, tier_root, pytestconfig) -> None:
+def test_fp8_kv_gpu(model_spec, options, record, tier_root) -> None:
     """nanovllm_ref on CUDA (Triton kernels, CUDA graphs) in bfloat16 with an FP8 cache."""
-    require_dtype(pytestconfig, "bfloat16")
     if options.engine != "nanovllm_ref":
         pytest.skip("the GPU variant drives nanovllm_ref; other engines pick their device themselves")
     spec, ref, _ = tier_reference(model_spec, "bfloat16", tier_root)

@@ -9,7 +9,7 @@ import pytest
 from nanovllm_ref.oracle.adapters import NanovllmRefAdapter
 from nanovllm_ref.oracle.references import run_check
 
-from .harness import require_dtype, tolerance_for
+from .harness import tolerance_for
 
 
 def test_golden(model_spec, dtype, options, engines, references, record) -> None:
@@ -23,9 +23,8 @@ def test_golden(model_spec, dtype, options, engines, references, record) -> None
 
 
 @pytest.mark.gpu
-def test_golden_gpu(model_spec, options, references, record, pytestconfig) -> None:
+def test_golden_gpu(model_spec, options, references, record) -> None:
     """nanovllm_ref on CUDA (its GPU kernels) in bfloat16 against the bfloat16 goldens."""
-    require_dtype(pytestconfig, "bfloat16")
     if options.engine != "nanovllm_ref":
         pytest.skip("the GPU variant drives nanovllm_ref; other engines pick their device themselves")
     ref = references.get(model_spec, "bfloat16")

@@ -66,7 +66,7 @@ def test_an_unreachable_server_is_one_line_within_seconds(tmp_path: Path) -> Non
 
 
 def test_a_float32_run_runs_no_bfloat16_case() -> None:
-    """The engine cases that run in bfloat16 whatever --dtype says (TP in bfloat16, the GPU variants) skip under
+    """The engine cases that run in bfloat16 whatever --dtype says (TP in bfloat16) skip under
     --dtype float32, saying why (kernel checks cover their own dtypes: --dtype is the model's)."""
     out = run(["-m", "pytest", "conformance", *SUITE, "-q", "-rs", "-k", "(bfloat16 or gpu) and not kernels"], ROOT)
     assert out.returncode == 0 and "passed" not in out.stdout, out.stdout[-3000:]

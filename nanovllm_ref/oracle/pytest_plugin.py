@@ -123,9 +123,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_testnodedown(node: Any, error: Any) -> None:
     from .report import ConformanceReport
 
-    for d in getattr(node, "workeroutput", {}).get("conformance_reports", []):
+    output = getattr(node, "workeroutput", {})
+    for d in output.get("conformance_reports", []):
         node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
-    node.config.stash[CAPABILITIES].update(getattr(node, "workeroutput", {}).get("conformance_capabilities", {}))
+    node.config.stash.setdefault(CAPABILITIES, {}).update(output.get("conformance_capabilities", {}))
 
 
 def skip_reason(rep: Any) -> str:

@@ -94,3 +94,18 @@ def test_a_minimal_protocol_engine_is_told_what_was_not_checked(tmp_path: Path) 
     assert meta["sampling"]["verdict"] == "NOT CHECKED" and meta[SELF_TESTS]["passed"] == 16
     summary = text[text.index("=" * 10):]  # from the first section to pytest's last line
     assert len(summary.splitlines()) <= 60, summary
+
+
+def test_workers_hand_their_tests_capabilities_to_the_controller() -> None:
+    """Under pytest-xdist only the workers collect: the controller's verdict needs their nodeid -> capability."""
+    import types
+
+    from nanovllm_ref.oracle import pytest_plugin
+
+    mapping = {"conformance/test_text.py::test_text[a]": "text"}
+    worker = types.SimpleNamespace(stash={pytest_plugin.REPORTS: [], pytest_plugin.CAPABILITIES: mapping},
+                                   workeroutput={})
+    pytest_plugin.pytest_sessionfinish(types.SimpleNamespace(config=worker))
+    controller = types.SimpleNamespace(stash={pytest_plugin.REPORTS: [], pytest_plugin.CAPABILITIES: {}})
+    pytest_plugin.pytest_testnodedown(types.SimpleNamespace(config=controller, workeroutput=worker.workeroutput), None)
+    assert controller.stash[pytest_plugin.CAPABILITIES] == mapping

@@ -182,6 +182,9 @@ PYTEST_OUTSIDE_CWD = ("import os, sys\n"
                       "import pytest\nsys.exit(pytest.main())")
 
 
+PYTEST_USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR
+
+
 def suite_dir() -> str:
     """The installed conformance suite's folder: the one beside this nanovllm_ref, never one found on sys.path."""
     from ..oracle.suite_options import installed_root
@@ -195,7 +198,8 @@ def suite_dir() -> str:
 
 def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
     cmd = [sys.executable, "-c", PYTEST_OUTSIDE_CWD, suite_dir(), "--engine", args.engine]
-    return subprocess.call(cmd + (["--model", args.model] if args.model else []) + rest)
+    code = subprocess.call(cmd + (["--model", args.model] if args.model else []) + rest)
+    return 2 if code == PYTEST_USAGE_ERROR else code  # a bad option (one line from pytest): a CLI mistake
 
 
 def parser() -> argparse.ArgumentParser:

@@ -60,7 +60,7 @@ def test_an_unreachable_server_is_one_line_within_seconds(tmp_path: Path) -> Non
     start = time.monotonic()
     out = run(["-m", "nanovllm_ref.serve.cli", "conformance", "--engine", f"openai:{url}", *SUITE, "-q"], tmp_path)
     elapsed = time.monotonic() - start
-    assert out.returncode != 0 and elapsed < 30, (elapsed, out.stdout[-2000:])
+    assert out.returncode == 2 and elapsed < 30, (elapsed, out.stdout[-2000:])  # a CLI mistake's status
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert len(lines) == 1 and f"no server answers at {url}" in lines[0], lines[:20]
 

@@ -160,7 +160,8 @@ def verdict_lines(tallies: dict[str, Tally], width: int = WIDTH) -> list[str]:
     for name in order:
         t = tallies[name]
         enabled = CAPABILITIES[name].enabled_by if name in CAPABILITIES else "(see the skip reason)"
-        reason = t.reasons.most_common(1)[0][0] if t.reasons and t.state() != "checked" else ""
+        reason = "" if t.state() == "checked" else t.reasons.most_common(1)[0][0] if t.reasons else (
+            "deselected (-k, -m or the default sweep)" if t.deselected else "")
         counts = "  ".join(str(n).rjust(4) for n in (t.passed, t.failed, t.skipped + t.deselected))
         row = f"{name.ljust(name_w)}  {t.state().ljust(11)}  {counts}  {enabled}" + (f" | {reason}" if reason else "")
         lines.append(_clip(row, width))

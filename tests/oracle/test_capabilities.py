@@ -53,6 +53,7 @@ def test_the_verdict_names_what_was_not_checked_and_keeps_self_tests_apart() -> 
                 **{f"p{i}": ("passed", "") for i in range(16)}, "f": ("failed", "")}
     capability = {"g": "goldens", "s1": "sampling", "s2": "sampling", "n": "new check", "f": "prefix cache",
                   **{f"p{i}": SELF_TESTS for i in range(16)}}
+    capability["d"] = "serving"
     tallies = tally(outcomes, capability, deselected=["d"])
     record_capabilities(tallies, [{"mode": "tokens-only", "prompt_logprobs": False}])
     lines = verdict_lines(tallies)
@@ -62,10 +63,11 @@ def test_the_verdict_names_what_was_not_checked_and_keeps_self_tests_apart() -> 
         in row["sampling"]
     assert "NOT CHECKED" in row["new check"] and "needs a new_method" in row["new check"]
     assert "NOT CHECKED" in row["top-k logprobs"] and "FAILED" in row["prefix cache"]
+    assert "NOT CHECKED" in row["serving"] and row["serving"].endswith("| deselected (-k, -m or the default sweep)")
     verdict = " ".join(line.strip() for line in lines[lines.index(next(x for x in lines if x.startswith(
         "capability verdict"))):])
     assert "(1 engine tests passed, 1 failed)" in verdict  # the 16 self-tests are not the engine's
-    assert "NOT CHECKED: top-k logprobs, prompt logprobs, sampling, new check" in verdict
+    assert "NOT CHECKED: top-k logprobs, prompt logprobs, sampling, serving, new check" in verdict
     assert all(len(line) <= 120 for line in lines)
     assert Tally(passed=1, skipped=2).state() == "partly" and Tally(reasons=Counter()).state() == "NOT CHECKED"
 

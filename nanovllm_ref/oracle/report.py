@@ -183,7 +183,7 @@ def terminal_summary_lines(report: ConformanceReport, verbose: bool = False, wid
     by_model: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in sets:
         by_model.setdefault(r["model"].split("@")[0], {}).setdefault(r["dtype"], []).append(r)
-    name_w = max(len(m) for m in by_model)
+    name_w = max((len(m) for m in by_model), default=0)
     lines = ["per checkpoint (-v: every case and prompt; the JSON report: every prompt):"]
     for model, dtypes in by_model.items():
         parts = []

@@ -196,8 +196,24 @@ def suite_dir() -> str:
     return str(folder)
 
 
+def _say_shadows_ignored(folder: str) -> None:
+    """A package of the working folder named like the suite's is not what runs: said, so nobody thinks it ran."""
+    import os
+    from pathlib import Path
+
+    from ..oracle.suite_options import SUITE_PACKAGES, installed_root
+
+    for name in SUITE_PACKAGES:
+        here = Path(os.getcwd(), name)
+        if (here / "__init__.py").is_file() and here.resolve() != installed_root() / name:
+            print(f"nanovllm-ref conformance: {here} is not the installed suite's {name!r} package: it is ignored; "
+                  f"running {folder}", file=sys.stderr, flush=True)
+
+
 def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
-    cmd = [sys.executable, "-c", PYTEST_OUTSIDE_CWD, suite_dir(), "--engine", args.engine]
+    folder = suite_dir()
+    _say_shadows_ignored(folder)
+    cmd = [sys.executable, "-c", PYTEST_OUTSIDE_CWD, folder, "--engine", args.engine]
     code = subprocess.call(cmd + (["--model", args.model] if args.model else []) + rest)
     return 2 if code == PYTEST_USAGE_ERROR else code  # a bad option (one line from pytest): a CLI mistake
 

@@ -39,6 +39,8 @@ def test_the_cli_runs_the_installed_suite_whatever_the_folder_holds(shadowing_fo
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "test_shadow" not in out.stdout and "shadow golden" not in out.stdout + out.stderr
     assert "test_golden.py::test_golden[qwen3-tiny-float32]" in out.stdout, out.stdout[-3000:]
+    said = [line for line in out.stderr.splitlines() if "is not the installed suite's" in line]
+    assert len(said) == 2 and all("it is ignored; running" in line for line in said), out.stderr[-2000:]
 
 
 def test_pytest_pyargs_refuses_a_shadowing_package(shadowing_folder: Path) -> None:

@@ -92,6 +92,7 @@ class EnginePool:
         self.options = options
         self.adapters: dict[tuple, EngineAdapter] = {}
         self.outputs: dict[tuple, list[EngineOutput]] = {}
+        self.failed: dict[tuple, str] = {}  # engines that could not be built: said once in full, then in one line
 
     def engine_kwargs(self, **extra: Any) -> dict[str, Any]:
         """--engine-arg settings, then ``extra``, plus --tp for nanovllm_ref (``tensor_parallel_size=1`` is the
@@ -106,9 +107,15 @@ class EnginePool:
     def get(self, model: ModelSpec, dtype: str, **extra: Any) -> EngineAdapter:
         kwargs = self.engine_kwargs(**extra)
         key = (self.options.engine, model.path, dtype, tuple(sorted(kwargs.items())))
+        if key in self.failed:
+            pytest.fail(f"the engine could not be built (its first test shows why): {self.failed[key]}", pytrace=False)
         if key not in self.adapters:
             self.close()
-            self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
+            try:
+                self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
+            except Exception as e:
+                self.failed[key] = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+                raise
         return self.adapters[key]
 
     def generate(self, model: ModelSpec, dtype: str, ref: Reference, **extra: Any) -> list[EngineOutput]:

@@ -79,9 +79,9 @@ def test_an_engine_that_cannot_start_is_one_traceback_then_one_line_per_test(tmp
     (tmp_path / "broken_engine.py").write_text(
         "def make_engine(model_path, dtype, **kwargs):\n    raise RuntimeError('the engine does not start')\n")
     env = {**ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "conformance", *SUITE, "--engine", "broken_engine:make_engine",
-                          "-q", "-k", "test_golden or test_text or test_self_consistency"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    args = ["-m", "pytest", "conformance", *SUITE, "--engine", "broken_engine:make_engine", "-q",
+            "-k", "test_golden or test_text or test_self_consistency"]
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout[-3000:]
     assert out.stdout.count("raise RuntimeError('the engine does not start')") == 1, out.stdout[-5000:]
     again = out.stdout.count("the engine could not be built (its first test shows why): RuntimeError: the engine")

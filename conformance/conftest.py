@@ -21,7 +21,14 @@ use_triton_interpreter()  # test_kernels.py: Triton kernels in the interpreter o
 
 from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report  # noqa: E402
 
-from .harness import EnginePool, Options, ReferencePool, deselect_invariance_cases, selected_models  # noqa: E402
+from .harness import (  # noqa: E402
+    EnginePool,
+    Options,
+    ReferencePool,
+    deselect_invariance_cases,
+    selected_dtypes,
+    selected_models,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,8 +38,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         models = selected_models(metafunc.config)
         metafunc.parametrize("model_spec", models, ids=[m.name for m in models], scope="session")
     if "dtype" in metafunc.fixturenames:
-        dtypes = [d.strip() for d in metafunc.config.getoption("--dtype").split(",") if d.strip()]
-        metafunc.parametrize("dtype", dtypes, scope="session")
+        metafunc.parametrize("dtype", selected_dtypes(metafunc.config), scope="session")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -34,6 +34,18 @@ class Options:
     engine_args: tuple[tuple[str, Any], ...] = ()  # --engine-arg KEY=VALUE, for the engine's factory
 
 
+def selected_dtypes(config: pytest.Config) -> list[str]:
+    """--dtype's dtypes, in order."""
+    return [d.strip() for d in config.getoption("--dtype").split(",") if d.strip()]
+
+
+def require_dtype(config: pytest.Config, dtype: str) -> None:
+    """Skip a case that runs in ``dtype`` whatever the parametrization when --dtype does not include it (a
+    ``--dtype float32`` run runs no bfloat16 case)."""
+    if dtype not in selected_dtypes(config):
+        pytest.skip(f"--dtype {config.getoption('--dtype')}: this case runs in {dtype} (add it to --dtype)")
+
+
 def selected_models(config: pytest.Config) -> list[ModelSpec]:
     from golden.load import checkpoint_path, golden_name, list_checkpoints, resolve_model
 
@@ -80,6 +92,7 @@ class EnginePool:
         self.options = options
         self.adapters: dict[tuple, EngineAdapter] = {}
         self.outputs: dict[tuple, list[EngineOutput]] = {}
+        self.failed: dict[tuple, str] = {}  # engines that could not be built: said once in full, then in one line
 
     def engine_kwargs(self, **extra: Any) -> dict[str, Any]:
         """--engine-arg settings, then ``extra``, plus --tp for nanovllm_ref (``tensor_parallel_size=1`` is the
@@ -94,9 +107,15 @@ class EnginePool:
     def get(self, model: ModelSpec, dtype: str, **extra: Any) -> EngineAdapter:
         kwargs = self.engine_kwargs(**extra)
         key = (self.options.engine, model.path, dtype, tuple(sorted(kwargs.items())))
+        if key in self.failed:
+            pytest.fail(f"the engine could not be built (its first test shows why): {self.failed[key]}", pytrace=False)
         if key not in self.adapters:
             self.close()
-            self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
+            try:
+                self.adapters[key] = load_adapter(self.options.engine, model.path, dtype, **kwargs)
+            except Exception as e:
+                self.failed[key] = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+                raise
         return self.adapters[key]
 
     def generate(self, model: ModelSpec, dtype: str, ref: Reference, **extra: Any) -> list[EngineOutput]:

@@ -25,7 +25,7 @@ from nanovllm_ref.oracle.references import Reference, run_check
 from nanovllm_ref.oracle.requests import RequestSpec
 from nanovllm_ref.oracle.tolerances import invariance_tolerance
 
-from .harness import tolerance_for
+from .harness import require_dtype, tolerance_for
 
 DTYPE = "float32"
 
@@ -138,9 +138,10 @@ def test_tensor_parallel(model_spec, plain, options, record) -> None:
         adapter.close()
 
 
-def test_tensor_parallel_bfloat16(model_spec, options, references, record) -> None:
+def test_tensor_parallel_bfloat16(model_spec, options, references, record, pytestconfig) -> None:
     """TP=2 in bfloat16 (half-precision partial sums all-reduced over gloo) against the bfloat16 goldens, under the
     golden policy (the plain run is float32: bfloat16 is compared with its own reference)."""
+    require_dtype(pytestconfig, "bfloat16")
     tp = max(2, options.tp)
     heads = json.loads((Path(model_spec.path) / "config.json").read_text())["num_attention_heads"]
     if heads % tp:

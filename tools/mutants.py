@@ -65,7 +65,7 @@ ENGINE = "tests/engine/test_greedy_matches_transformers.py"
 STEPS_CONF = "conformance/test_sampling_steps.py"  # logprobs modes along trajectories, seeds
 CACHE_CONF = "conformance/test_prefix_cache.py"  # cached prompt tokens of a scripted workload
 ASYNC = ("--engine-arg", "async_scheduling=true")  # the engine's CUDA default, forced where a site runs only under it
-TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16")
+TP_BF16 = ("conformance/test_invariance.py", "-k", "tensor_parallel_bfloat16", "--dtype", "bfloat16")  # over OPTIONS
 ENGINE_PY, DETOK = "nanovllm_ref/engine/llm_engine.py", "nanovllm_ref/engine/detokenizer.py"
 TEXT_CONF, WORDS = "conformance/test_text.py", ("--model", "qwen3-words-hd32")  # the word-level golden
 DETOK_TESTS = "tests/engine/test_detokenizer.py"

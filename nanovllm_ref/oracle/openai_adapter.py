@@ -28,6 +28,7 @@ dict, which only weakens the absent-token check). It returns no prompt logprobs 
 
 from __future__ import annotations
 
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +48,23 @@ from .served import (
 
 MAX_IN_FLIGHT = 32
 MAX_N_PER_REQUEST = 64  # nanovllm_ref's server limit; OpenAI's API allows 128
+
+
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing accepts a TCP connection at ``url``'s host and port within ``timeout_s`` (None: something
+    does). Checked once before a run, so that a server that is not up is one line, not one traceback per test."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:  # a port out of range or not a number
+        return str(e)
+    if not parts.hostname:
+        return "the URL names no host"
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
 
 
 def split_n(params: dict[str, Any], cap: int) -> list[dict[str, Any]]:

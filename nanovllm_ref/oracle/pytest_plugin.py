@@ -3,7 +3,8 @@
 It holds what must exist before pytest collects anything, whichever directory it starts from: the
 conformance options (``--engine``, ``--engine-arg``, ``--model``, ``--reference``, ``--dtype``, ``--tp``,
 ``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of
-recorded reports and the end-of-run summary with the JSON report (report.py: no optional package needed).
+recorded reports and the end-of-run summary with the JSON report (report.py: no optional package needed), ending
+in the per-capability verdict (capabilities.py: what the engine was checked on, and what it was not, and why).
 Bad option values and unsupported torch / transformers / triton versions are usage errors at start
 (suite_options.py). The suite's fixtures stay in ``conformance/conftest.py``.
 
@@ -26,6 +27,8 @@ import pytest
 from .suite_options import parse_engine_args
 
 REPORTS = pytest.StashKey[list]()
+CAPABILITIES = pytest.StashKey[dict]()  # nodeid -> capability, for the conformance suite's tests
+MAX_KERNEL_SKIP_LINES = 5
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,15 +73,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .suite_options import check_versions, validate_options
+    from .suite_options import check_server_reachable, check_suite_not_shadowed, check_versions, validate_options
 
     config.stash[REPORTS] = []
+    config.stash[CAPABILITIES] = {}
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "slow: long-running")
     if config.getoption("help", False) or config.getoption("version", 0):
         return
+    check_suite_not_shadowed(config)
     check_versions()
     validate_options(config)
+    check_server_reachable(config.getoption("--engine"))
 
 
 def engine_args(config: pytest.Config) -> tuple[tuple[str, Any], ...]:
@@ -90,19 +96,42 @@ def record_report(config: pytest.Config, report: Any) -> None:
     config.stash[REPORTS].append(report)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each test of the suite's capability (capabilities.py), by its module, name or the module's CAPABILITY."""
+    from .capabilities import capability_of
+    from .suite_options import installed_root
+
+    if CAPABILITIES not in item.config.stash:
+        return
+    path = Path(str(item.path))
+    if path.parent.name != "conformance" or path.parent.resolve() != installed_root() / "conformance":
+        return
+    declared = getattr(getattr(item, "module", None), "CAPABILITY", None)
+    name = getattr(item, "originalname", None) or item.name.split("[")[0]
+    item.config.stash[CAPABILITIES][item.nodeid] = capability_of(path.stem, name, declared)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A pytest-xdist worker hands its reports to the controller, which prints the one summary and report."""
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["conformance_reports"] = [r.to_dict() for r in session.config.stash.get(REPORTS, [])]
+        workeroutput["conformance_capabilities"] = dict(session.config.stash.get(CAPABILITIES, {}))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, called on the controller as each worker finishes
 def pytest_testnodedown(node: Any, error: Any) -> None:
     from .report import ConformanceReport
 
-    for d in getattr(node, "workeroutput", {}).get("conformance_reports", []):
+    output = getattr(node, "workeroutput", {})
+    for d in output.get("conformance_reports", []):
         node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
+    node.config.stash.setdefault(CAPABILITIES, {}).update(output.get("conformance_capabilities", {}))
+
+
+def skip_reason(rep: Any) -> str:
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else ""
+    return reason.removeprefix("Skipped: ")
 
 
 def skipped_kernel_candidates(terminalreporter: Any) -> dict[str, int]:
@@ -110,32 +139,77 @@ def skipped_kernel_candidates(terminalreporter: Any) -> dict[str, int]:
     skips them with "kernel candidate NAME [LABEL]: why")."""
     counts: dict[str, int] = {}
     for rep in terminalreporter.stats.get("skipped", []):
-        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else ""
-        reason = reason.removeprefix("Skipped: ")
+        reason = skip_reason(rep)
         if reason.startswith("kernel candidate "):
             counts[reason] = counts.get(reason, 0) + 1
     return counts
+
+
+OUTCOMES = (("passed", "passed"), ("xpassed", "passed"), ("failed", "failed"), ("error", "failed"),
+            ("skipped", "skipped"), ("xfailed", "skipped"))
+RANK = {"skipped": 0, "passed": 1, "failed": 2}
+
+
+def outcomes_by_test(stats: dict[str, list]) -> dict[str, tuple[str, str]]:
+    """``nodeid -> (passed | failed | skipped, skip reason)`` over every phase (an error in teardown fails)."""
+    out: dict[str, tuple[str, str]] = {}
+    for key, outcome in OUTCOMES:
+        for rep in stats.get(key, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if "::" not in nodeid:  # a module's collection report
+                continue
+            reason = skip_reason(rep) if key == "skipped" else "expected to fail" if key == "xfailed" else ""
+            if nodeid not in out or RANK[outcome] > RANK[out[nodeid][0]]:
+                out[nodeid] = (outcome, reason)
+    return out
+
+
+def capability_tallies(terminalreporter: Any, config: pytest.Config, reports: list) -> dict[str, Any]:
+    """Per capability of the suite, its tests' outcomes (empty when no conformance test ran)."""
+    from .capabilities import record_capabilities, tally
+
+    outcomes = outcomes_by_test(terminalreporter.stats)
+    deselected = [getattr(i, "nodeid", "") for i in terminalreporter.stats.get("deselected", [])]
+    mapping = config.stash.get(CAPABILITIES, {})
+    if not mapping:
+        return {}
+    tallies = tally(outcomes, mapping, deselected)
+    record_capabilities(tallies, [r.meta for r in reports])
+    return tallies
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     skipped = skipped_kernel_candidates(terminalreporter)
     if skipped:
         terminalreporter.section("kernel candidates skipped")
-        for reason, n in skipped.items():
+        for reason, n in list(skipped.items())[:MAX_KERNEL_SKIP_LINES]:
             terminalreporter.write_line(f"{reason} ({n} cases)")
+        if len(skipped) > MAX_KERNEL_SKIP_LINES:
+            terminalreporter.write_line(f"... and {len(skipped) - MAX_KERNEL_SKIP_LINES} more (-rs lists them)")
     reports = config.stash.get(REPORTS, [])
-    if not reports:
-        return
-    from .report import ConformanceReport, summary_lines
+    tallies = capability_tallies(terminalreporter, config, reports)
+    if reports:
+        _report_summary(terminalreporter, config, reports, tallies)
+    if tallies:
+        from .capabilities import verdict_lines
+
+        terminalreporter.section("conformance capabilities")
+        for line in verdict_lines(tallies):
+            terminalreporter.write_line(line)
+
+
+def _report_summary(terminalreporter: Any, config: pytest.Config, reports: list, tallies: dict[str, Any]) -> None:
+    from .report import ConformanceReport, terminal_summary_lines
 
     merged = ConformanceReport(meta={
         "engine": config.getoption("--engine"), "reference": config.getoption("--reference"),
         "tp": config.getoption("--tp"), "cases": [r.meta for r in reports],
+        "capabilities": {name: t.as_dict() for name, t in tallies.items()},
     })
     for r in reports:
         merged.extend(r)
     terminalreporter.section("conformance summary")
-    for line in summary_lines(merged, all_prompts=config.getoption("verbose") > 0):
+    for line in terminal_summary_lines(merged, verbose=config.getoption("verbose") > 0):
         terminalreporter.write_line(line)
     path = Path(config.getoption("--report"))
     path.write_text(merged.to_json() + "\n")

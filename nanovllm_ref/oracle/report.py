@@ -165,3 +165,39 @@ def summary_lines(report: ConformanceReport, all_prompts: bool = False, width: i
         text = f"whole set FAILED, {f['model']}/{f['dtype']}/{f['engine']}: {f['message']}"
         lines += [text[i: i + width] for i in range(0, len(text), width)]
     return lines
+
+
+DETAIL_LINES = 30  # a longer detailed summary becomes one line per checkpoint (-v: the detail; JSON: every prompt)
+MAX_FAILURE_LINES = 10
+
+
+def terminal_summary_lines(report: ConformanceReport, verbose: bool = False, width: int = WIDTH,
+                           detail_lines: int = DETAIL_LINES) -> list[str]:
+    """What the end of a run prints: the detailed summary (:func:`summary_lines`) when it fits in ``detail_lines``
+    or with ``verbose``, else one line per checkpoint and dtype pair and the failing sets, at most
+    :data:`MAX_FAILURE_LINES` of them: the JSON report has the rest."""
+    detailed = summary_lines(report, all_prompts=verbose, width=width)
+    if verbose or len(detailed) <= detail_lines:
+        return detailed
+    sets = report.summary_table("model")
+    by_model: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in sets:
+        by_model.setdefault(r["model"].split("@")[0], {}).setdefault(r["dtype"], []).append(r)
+    name_w = max((len(m) for m in by_model), default=0)
+    lines = ["per checkpoint (-v: every case and prompt; the JSON report: every prompt):"]
+    for model, dtypes in by_model.items():
+        parts = []
+        for dtype, rows in dtypes.items():
+            fails = sum(r["fail"] > 0 for r in rows)
+            worst = max(r["max_dlogprob"] for r in rows)
+            parts.append(f"{dtype}: {len(rows)} sets, {'FAIL ' + str(fails) if fails else 'all pass'}, "
+                         f"max|dlp| {worst:.3g}")
+        lines.append(f"  {model.ljust(name_w)}  " + "  |  ".join(parts))
+    failing = [f"  FAIL {r['model']}/{r['dtype']}/{r['case']}: {r['fail']} of {r['prompts']} prompts, worst "
+               f"{r['where']}" for r in sets if r["fail"]]
+    failing += [f"  FAIL whole set {f['model']}/{f['dtype']}/{f.get('case', '')}: {f['message']}"
+                for f in report.set_failures]
+    lines += failing[:MAX_FAILURE_LINES]
+    if len(failing) > MAX_FAILURE_LINES:
+        lines.append(f"  ... and {len(failing) - MAX_FAILURE_LINES} more failing sets: the JSON report")
+    return [line if len(line) <= width else line[: width - 3] + "..." for line in lines]

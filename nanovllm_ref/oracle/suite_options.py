@@ -3,7 +3,10 @@
 A bad ``--engine``, ``--model``, ``--dtype``, ``--tp``, ``--kernels`` or ``--engine-arg`` is one
 :class:`pytest.UsageError` naming the option and what it accepts, before any test is collected (``--reference``
 has argparse choices). Engines are not built here: a ``pkg.module:factory`` is imported and looked up, the
-built-in names are only matched. The installed torch, transformers and triton are checked against the ranges the
+built-in names are only matched; a server (``PREFIX:URL``) must accept a connection within seconds, else the run
+stops with one line naming the URL (:func:`check_server_reachable`). ``pytest --pyargs conformance`` must import
+the installed suite: a ``conformance/`` or ``golden/`` package of the working folder that shadows it is refused
+(:func:`check_suite_not_shadowed`). The installed torch, transformers and triton are checked against the ranges the
 package declares (pyproject.toml), so an unsupported version is refused with the range instead of failing tests.
 """
 
@@ -14,6 +17,7 @@ import inspect
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -196,3 +200,60 @@ def check_versions(requirements: list[str] | None = None) -> None:
         if req.specifier and not req.specifier.contains(have.split("+")[0], prereleases=True):
             raise pytest.UsageError(f"{req.name} {have} is outside the range nanovllm_ref supports "
                                     f"({req.name}{req.specifier}): install a supported version")
+
+
+SUITE_PACKAGES = ("conformance", "golden")  # installed beside nanovllm_ref; a folder's own copy must not shadow them
+
+
+def installed_root() -> Path:
+    """The folder holding the installed nanovllm_ref, conformance and golden packages (site-packages, a checkout)."""
+    import nanovllm_ref
+
+    return Path(nanovllm_ref.__file__).resolve().parent.parent
+
+
+def names_the_suite(config: pytest.Config) -> bool:
+    """Whether the run is ``pytest --pyargs conformance[.module|::test]``: the installed suite by import name."""
+    if not config.getoption("pyargs", False):
+        return False
+    return any(str(a).replace("/", ".").split("::")[0].split(".")[0] == "conformance" for a in config.args)
+
+
+def check_suite_not_shadowed(config: pytest.Config) -> None:
+    """``--pyargs conformance`` imports whichever ``conformance`` comes first on sys.path: a folder with its own
+    ``conformance/`` (or ``golden/``) package would run that instead, and could pass. Refused, naming both."""
+    if not names_the_suite(config):
+        return
+    for name in SUITE_PACKAGES:
+        found = _package_dir(name)
+        expected = installed_root() / name
+        if found is not None and found != expected.resolve():
+            raise pytest.UsageError(f"the {name!r} package imported from {found} shadows the installed suite's "
+                                    f"{expected}: run from another folder, or rename that package "
+                                    "(`nanovllm-ref conformance` always runs the installed suite)")
+
+
+def _package_dir(name: str) -> Path | None:
+    import sys
+
+    module = sys.modules.get(name)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        origin = spec.origin if spec is not None else None
+    return Path(origin).resolve().parent if origin else None
+
+
+def check_server_reachable(spec: str, timeout_s: float = 5.0) -> None:
+    """An ``--engine PREFIX:URL`` whose server accepts no connection stops the run at once, in one line, instead
+    of every test failing on it."""
+    from .adapters import server_url
+    from .openai_adapter import unreachable
+
+    url = server_url(spec)
+    if url is not None and (why := unreachable(url, timeout_s)) is not None:
+        raise pytest.UsageError(f"--engine {spec}: no server answers at {url} ({why}): start it first, "
+                                "or fix the URL")

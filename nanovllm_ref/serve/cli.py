@@ -133,12 +133,22 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     engine_settings(args)  # (the server's modules load torch)
     try:
-        from .server import config_from_args, serve
+        from .server import bind, config_from_args, serve
     except ImportError as e:
         raise UsageError(f"serve needs the serving extra: pip install 'nanovllm_ref[serve]' ({e})") from None
 
     config = checked(config_from_args, args)  # a bad flag fails before the model loads
-    serve(load_llm(args), config)
+    try:  # the port is taken before the model loads, so that a busy one is said at once
+        sock = bind(config.host, config.port)
+    except OSError as e:
+        raise UsageError(f"--host {config.host} --port {config.port}: cannot listen there "
+                         f"({e.strerror or e}); pick another port (--port 0: any free one)") from e
+    try:
+        llm = load_llm(args)
+    except BaseException:
+        sock.close()
+        raise
+    serve(llm, config, sock)
     return 0
 
 
@@ -173,9 +183,47 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     return bench(rest)
 
 
+# pytest started without the working folder on sys.path (`python -m` and `-c` put it first): a folder's own
+# `conformance/` or `golden/` package cannot stand in for the installed suite or its goldens
+PYTEST_OUTSIDE_CWD = ("import os, sys\n"
+                      "if sys.path and sys.path[0] in ('', os.getcwd()): del sys.path[0]\n"
+                      "import pytest\nsys.exit(pytest.main())")
+
+
+PYTEST_USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR
+
+
+def suite_dir() -> str:
+    """The installed conformance suite's folder: the one beside this nanovllm_ref, never one found on sys.path."""
+    from ..oracle.suite_options import installed_root
+
+    folder = installed_root() / "conformance"
+    if not (folder / "conftest.py").is_file():
+        raise UsageError(f"the conformance suite is not installed beside nanovllm_ref ({folder}): "
+                         "pip install 'nanovllm_ref[conformance]'")
+    return str(folder)
+
+
+def _say_shadows_ignored(folder: str) -> None:
+    """A package of the working folder named like the suite's is not what runs: said, so nobody thinks it ran."""
+    import os
+    from pathlib import Path
+
+    from ..oracle.suite_options import SUITE_PACKAGES, installed_root
+
+    for name in SUITE_PACKAGES:
+        here = Path(os.getcwd(), name)
+        if (here / "__init__.py").is_file() and here.resolve() != installed_root() / name:
+            print(f"nanovllm-ref conformance: {here} is not the installed suite's {name!r} package: it is ignored; "
+                  f"running {folder}", file=sys.stderr, flush=True)
+
+
 def _conformance(args: argparse.Namespace, rest: list[str]) -> int:
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--engine", args.engine]
-    return subprocess.call(cmd + (["--model", args.model] if args.model else []) + rest)
+    folder = suite_dir()
+    _say_shadows_ignored(folder)
+    cmd = [sys.executable, "-c", PYTEST_OUTSIDE_CWD, folder, "--engine", args.engine]
+    code = subprocess.call(cmd + (["--model", args.model] if args.model else []) + rest)
+    return 2 if code == PYTEST_USAGE_ERROR else code  # a bad option (one line from pytest): a CLI mistake
 
 
 def parser() -> argparse.ArgumentParser:
@@ -208,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # everything after `bench` is the benchmark's (its --help included)
         return _bench(argparse.Namespace(), argv[1:])
     args, rest = parser().parse_known_args(argv)
-    if args.command == "conformance":
-        return _conformance(args, rest)
-    if rest:
+    if rest and args.command != "conformance":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        if args.command == "conformance":
+            return _conformance(args, rest)
         return {"serve": _serve, "generate": _generate, "chat": _chat}[args.command](args)
     except UsageError as e:
         if args.debug:  # the traceback of what went wrong, not of its translation

@@ -118,10 +118,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(llm: LLM, config: ServerConfig) -> None:
-    """Serve until interrupted; then stop the engine loop and the engine."""
+def serve(llm: LLM, config: ServerConfig, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted (on ``sock`` when the caller bound it already); then stop the engine loop and the
+    engine."""
     served = make_served(llm, config)
-    sock = bind(config.host, config.port)
+    sock = sock if sock is not None else bind(config.host, config.port)
     if config.access_log:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))

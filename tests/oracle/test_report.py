@@ -53,3 +53,38 @@ def test_the_summary_needs_no_optional_package() -> None:
             "r = report(); print(len(summary_lines(r)), len(r.to_json()) > 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split()[1] == "True", proc.stderr
+
+
+def full_sweep(failing_sets: int) -> ConformanceReport:
+    """The default sweep's shape: 15 checkpoints x 2 dtypes x 12 cases of 23 prompts, one diverged prompt per set
+    (bf16 near-ties), and ``failing_sets`` sets with a failing prompt."""
+    merged, failed = ConformanceReport(), 0
+    models = [f"model-{i}-hd{32 * (1 + i % 3)}" for i in range(15)]
+    for model in models:
+        for dtype in ("float32", "bfloat16"):
+            for case in range(12):
+                ref = [out([1, 1], [STEP, STEP]) for _ in range(23)]
+                cand = [out([1, 1], [STEP, STEP]) for _ in range(21)] + [out([1, 2], [STEP, STEP])]
+                cand.append(out([9, 9], [{9: 0.0}, {9: 0.0}]) if failed < failing_sets else out([1, 1], [STEP, STEP]))
+                failed += 1
+                merged.extend(compare_all(ref, cand, top_k=3, tol=1e-3, prompt_tol=None, model=model, dtype=dtype,
+                                          engine="nanovllm_ref", case=f"case-{case}",
+                                          prompt_ids=[f"p{i}" for i in range(23)]))
+    return merged
+
+
+def test_the_terminal_summary_of_a_full_sweep_is_short_and_the_detail_is_kept() -> None:
+    from nanovllm_ref.oracle.report import MAX_FAILURE_LINES, terminal_summary_lines
+
+    for failing in (0, 3, 40):
+        report = full_sweep(failing)
+        assert len(summary_lines(report)) > 600  # what the run printed before
+        lines = terminal_summary_lines(report)
+        assert len(lines) <= 1 + 15 + MAX_FAILURE_LINES + 1 and all(len(line) <= WIDTH for line in lines), lines
+        assert sum("FAIL model-" in line for line in lines) == min(failing, MAX_FAILURE_LINES), lines
+        assert (f"and {failing - MAX_FAILURE_LINES} more failing sets" in lines[-1]) == (failing > MAX_FAILURE_LINES)
+        assert sum(line.startswith("  model-") for line in lines) == 15
+        assert len(terminal_summary_lines(report, verbose=True)) > 600  # -v: every case and prompt
+    small = full_sweep(0)
+    small.prompts = [p for p in small.prompts if p.model == "model-0-hd32" and p.case == "case-0"]
+    assert terminal_summary_lines(small) == summary_lines(small)  # a short run keeps the detailed table

@@ -34,10 +34,16 @@ from .roofline import H200, H200_HEADLINE_ROOFLINE_S, roofline
 from .runner import build_llm, run_latency, run_throughput, warmup
 from .tables import fmt, results_dir, save_result, text_table
 
+CPU_SMOKE = "nanovllm-ref bench --arch tiny --workload smoke --device cpu"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints the whole usage block too: one line is enough
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nanovllm-ref bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="nanovllm-ref bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHS), help="random-weight model shape")
     p.add_argument("--model", default=None, help="a real checkpoint folder (overrides --arch)")
     p.add_argument("--workload", default="headline", choices=sorted(workloads.WORKLOADS))
@@ -86,6 +92,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--num-requests must be >= 1, got {args.num_requests}")
     if not 0 <= args.penalized_fraction <= 1:
         p.error(f"--penalized-fraction must be in [0, 1], got {args.penalized_fraction}")
+    if args.device == "cuda" and device_type() == "cpu":
+        p.error(f"--device cuda: no CUDA GPU here (on the CPU: `{CPU_SMOKE}`)")
+    if args.device is None and args.arch != "tiny" and not args.model and device_type() == "cpu":
+        p.error(f"no CUDA GPU here, and --arch {args.arch} (the default workload's model) is a GPU benchmark: "
+                f"on the CPU run `{CPU_SMOKE}`")
 
 
 def _stages(args: argparse.Namespace) -> int:
@@ -159,12 +170,12 @@ def _latency(llm: Any, args: argparse.Namespace, bar: Any) -> list[dict[str, Any
 
 def _engine(args: argparse.Namespace, bar: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    llm = build_llm(args.arch, args.model, device=args.device, tp=args.tp, enforce_eager=args.enforce_eager,
-                    max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens,
-                    gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
-                    async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size,
-                    batch_invariant=args.batch_invariant)
+    llm = _checked(build_llm, args.arch, args.model, device=args.device, tp=args.tp,
+                   enforce_eager=args.enforce_eager, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
+                   gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
+                   async_scheduling=not args.sync_scheduling, kvcache_block_size=args.block_size,
+                   batch_invariant=args.batch_invariant)
     init_s = time.perf_counter() - t0
     _step(bar, f"engine built in {init_s:.1f} s; {llm.engine.block_manager.num_blocks} KV blocks")
     warmup(llm, max_prompt=min(1024, args.max_model_len // 2))
@@ -172,7 +183,28 @@ def _engine(args: argparse.Namespace, bar: Any) -> tuple[Any, float]:
     return llm, init_s
 
 
+class BenchUsageError(Exception):
+    """Settings the engine refuses (a cache too small for max_model_len, ...): one line, exit 2."""
+
+
+def _checked(make: Any, *args: Any, **kwargs: Any) -> Any:
+    """``make(...)``; the engine validates its settings before it builds anything, so a ValueError / TypeError is
+    the user's to fix."""
+    try:
+        return make(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise BenchUsageError(" ".join(str(e).split())) from e
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BenchUsageError as e:
+        print(f"nanovllm-ref bench: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     device = args.device = args.device or device_type()
     if device == "cpu":

@@ -25,6 +25,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -80,9 +81,9 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         launched: dict[int, Launched] = {}  # steps launched and not yet collected, by the caller's key
         while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
             command, payload = message
-            if command == "launch":  # queue a step; input ids may be an earlier one's tokens
-                step, key, prev_key = payload
-                launched[key] = runner.launch(step, launched.get(prev_key))
+            if command == "launch":  # queue a step; input ids may be gathered from an earlier one's tokens
+                step, key, prev_key, rows = payload
+                launched[key] = runner.launch(step, launched.get(prev_key), rows)
             else:  # collect: rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
@@ -165,11 +166,11 @@ class TPExecutor:
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
-    def launch(self, step: StepInput, prev: TPLaunched | None = None) -> TPLaunched:
-        """Every rank queues the step (ModelRunner.launch) and keeps it; input ids from `prev` (async scheduling) are
-        its tokens, which rank 0 broadcast on the device when it sampled them."""
+    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: np.ndarray | None = None) -> TPLaunched:
+        """Every rank queues the step (ModelRunner.launch) and keeps it; input ids gathered from `prev` (async
+        scheduling, overlap.py) are its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
-        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key)))
+        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows)))
         return TPLaunched(step, self._next_key)
 
     def collect(self, launched: TPLaunched) -> StepOutput:

@@ -141,7 +141,8 @@ def nanovllm_ref_decision(scheduler: Any, out: Any, waiting_before: list[Any], s
 
     def view(seq: Any) -> ScheduledRequest:
         return ScheduledRequest(seq.request_id, new.get(seq.seq_id, 0), seq.num_computed_tokens,
-                                tuple(seq.token_ids) + (-1,) * seq.num_pending,  # -1: sampled in flight (async)
+                                # -1: a token the step in flight samples (async scheduling)
+                                tuple(seq.token_ids) + (-1,) * (scheduler.num_tokens(seq) - seq.num_tokens),
                                 tuple(seq.block_table))
 
     bm = scheduler.block_manager

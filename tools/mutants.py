@@ -396,7 +396,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("async-decode-claims-block-past-length", "nanovllm_ref/engine/scheduler.py",
       "if num_tokens >= seq.max_num_tokens:", "if False:",
       "async decode claims (and evicts) a block for a row that the step in flight ends by length",
-      (CACHE_CONF,), (CACHE_CONF, *ASYNC)),
+      ("tests/engine/test_async_block_claim.py",), (CACHE_CONF, *ASYNC)),
     M("tp-allreduce-bf16-as-fp16-bits", "nanovllm_ref/distributed.py", "y = x.float()  # gloo",
       "y = x.view(torch.float16).float()  # gloo",
       "TP all-reduce of bfloat16 partial sums reads their bits as float16 (view for to)",

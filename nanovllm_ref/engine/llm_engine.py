@@ -190,11 +190,13 @@ class LLMEngine:
         self._stepping.append(out)
         return out
 
-    def _drop_ahead_if_done(self) -> None:
+    def _drop_ahead_if_done(self) -> None:  # (after an abort: overlap.py)
         if self.overlap is not None:
             self.overlap.drop_ahead_if_done()
 
     def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
+        """A step's results into its sequences (errors, logprobs, then Scheduler.update and stop strings); returns the
+        outputs of the requests that finished."""
         done, by_id = [], {seq.seq_id: seq for seq, _ in out.scheduled}
         for seq_id, message in result.errors.items():
             seq = by_id[seq_id]

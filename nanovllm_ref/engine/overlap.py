@@ -48,6 +48,7 @@ class OverlapScheduler(Scheduler):
 
     def take_in_flight(self, out: SchedulerOutput) -> None:
         """Count `out` (launched, its tokens not known) as done, so the step behind it can be scheduled."""
+        # (samples reads the computed count: before it is advanced)
         self.in_flight.update(seq for seq, n in out.scheduled if not seq.is_finished and out.samples(seq, n))
         self.count_computed(out)
         self.counted = out

@@ -5,7 +5,8 @@ start, and no process group lives in the caller: two engines coexist in one proc
 caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
 shared-memory names to clash); every rank runs the same forward; rank 0 samples. A step is "launched" on every
 rank and "collected" from rank 0 (under async scheduling after the step behind it was launched): rank 0 broadcasts
-its sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
+its sampled tokens on the device, so every rank gathers the step behind's input ids from them (overlap.py's rows, sent
+with that step) without the host. A worker that
 raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
 raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
 """

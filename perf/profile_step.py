@@ -101,7 +101,7 @@ class HostPhases:
         self.active = False
         engine, runner = llm.engine, llm.engine.runner
         self._undo = []
-        for name, owner in (("schedule", engine.scheduler), ("launch", runner),
+        for name, owner in (("_schedule", engine.scheduler), ("launch", runner),
                             ("compute_hidden", runner), ("compute_logits", runner.model),
                             ("_sample_on_device", runner), ("_apply", engine), ("prepare_step", llm_engine),
                             ("prepare_step", overlap)):

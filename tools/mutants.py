@@ -330,8 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
        f"{SAMPLING_CONF}::test_sampling_distribution")),
     # async prefill: steps with prefill chunks launched behind the one in flight
     M("async-prefill-ids-by-order", "nanovllm_ref/engine/overlap.py",
-      "dst, src = np.array(fed, np.int64).T",
-      "dst, src = np.array(fed, np.int64).T[0], np.arange(len(fed))",
+      "dst, src = zip(*fed)", "dst, src = [d for d, _ in fed], range(len(fed))",
       "async scheduling feeds a step's rows the step in flight's tokens by order, not by sequence",
       ("tests/engine/test_async_scheduling.py",)),
     M("async-fill-never-finishes", "nanovllm_ref/engine/overlap.py",

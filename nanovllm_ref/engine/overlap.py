@@ -81,16 +81,19 @@ def gather_rows(out: SchedulerOutput, step: StepInput, in_flight: StepInput) -> 
     ids (step.input_ids) followed by `in_flight`'s sampled tokens; None when the host knows them all. A row past a
     sequence's known tokens is the last of its chunk, and its token is the one `in_flight` samples for it."""
     row_of = {seq_id: i for i, seq_id in enumerate(in_flight.sample_seq_ids)}
-    ends = step.query_start_loc
-    fed = [(ends[i + 1] - 1, row_of[seq.seq_id]) for i, (seq, n) in enumerate(out.scheduled)
-           if seq.num_computed_tokens + n > seq.num_tokens]
+    fed = [(end - 1, row_of[seq.seq_id]) for (seq, n), end in zip(out.scheduled, step.query_start_loc[1:])
+           if seq.num_computed_tokens + n > len(seq.token_ids)]
     if not fed:
         return None
-    dst, src = np.array(fed, np.int64).T
+    dst, src = zip(*fed)
+    num_known = len(step.input_ids)
+    if not num_known:  # every row fed (decodes only): the sampled tokens' rows are the index
+        return np.array(src, np.int64)
+    dst = np.array(dst, np.int64)  # (a tuple would index dimensions)
     is_fed = np.zeros(step.num_tokens, np.int64)
     is_fed[dst] = 1
     rows = np.arange(step.num_tokens) - (np.cumsum(is_fed) - is_fed)  # the host's ids: in order, skipping fed rows
-    rows[dst] = len(step.input_ids) + src
+    rows[dst] = num_known + np.array(src, np.int64)
     return rows
 
 

@@ -77,3 +77,15 @@ def test_overlap_scheduler_counts_the_token_in_flight_until_it_comes():
     assert long.token_ids == [5, 6, 7, 1, 3] and s.counted is None
     s.finish(long, "abort")
     assert not s.has_unfinished()
+
+
+def test_gather_rows_of_a_step_of_decodes_only_is_the_in_flight_rows_by_sequence():
+    """Every row continues from the step in flight (the steady decode): the index is the sampled tokens' rows, in the
+    step behind's order, which lost a finished row."""
+    seqs = [_seq([1, 2, 3], 2, i) for i in range(4)]
+    in_flight = prepare_step(SchedulerOutput(scheduled=[(q, 1) for q in seqs]), 16)
+    for q in seqs:
+        q.num_computed_tokens += 1
+    behind = SchedulerOutput(scheduled=[(seqs[3], 1), (seqs[0], 1), (seqs[2], 1)])  # seqs[1] finished in flight
+    step = prepare_step(behind, 16)
+    assert len(step.input_ids) == 0 and gather_rows(behind, step, in_flight).tolist() == [3, 0, 2]

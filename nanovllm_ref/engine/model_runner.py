@@ -180,7 +180,8 @@ class ModelRunner:
         host's ids followed by `prev`'s sampled tokens, gathered on the device (overlap.py builds `rows`)."""
         input_ids, positions, meta, logits_rows, rows = stage_step(step, self.device, self.spec.max_model_len, rows)
         if prev is not None:  # (clamped: a NaN row's token must stay a valid id)
-            input_ids = torch.cat([input_ids, prev.tokens]).clamp_(0, self.model_config.vocab_size - 1)[rows]
+            source = torch.cat([input_ids, prev.tokens]) if len(step.input_ids) else prev.tokens  # (decodes only)
+            input_ids = source.clamp(0, self.model_config.vocab_size - 1)[rows]
         if self.graphs is not None and self.graphs.can_run(step):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:

@@ -95,15 +95,16 @@ class HostPhases:
     host time goes, and how long the host waits for the device in `collect` (~0 when the host is the bottleneck)."""
 
     def __init__(self, llm: Any) -> None:
-        from nanovllm_ref.engine import llm_engine
+        from nanovllm_ref.engine import llm_engine, overlap
 
         self.totals: dict[str, float] = collections.defaultdict(float)
         self.active = False
         engine, runner = llm.engine, llm.engine.runner
         self._undo = []
-        for name, owner in (("schedule_ahead", engine.scheduler), ("launch", runner),
+        for name, owner in (("_schedule", engine.scheduler), ("launch", runner),
                             ("compute_hidden", runner), ("compute_logits", runner.model),
-                            ("_sample_on_device", runner), ("_apply", engine), ("prepare_step", llm_engine)):
+                            ("_sample_on_device", runner), ("_apply", engine), ("prepare_step", llm_engine),
+                            ("prepare_step", overlap)):
             self._wrap(owner, name)
         original_collect = runner.collect
 

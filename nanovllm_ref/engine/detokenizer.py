@@ -162,7 +162,7 @@ class IncrementalDetokenizer:
 
 def feed(seq: Sequence) -> str | None:
     """Feed a sequence's detokenizer the output tokens it has not seen (known ones only: a token of a step in flight
-    is counted in `num_pending`, not held in `token_ids`); returns the stop string that ended its text, if one did."""
+    is not in `token_ids` yet, overlap.py); returns the stop string that ended its text, if one did."""
     detok = seq.detokenizer
     if detok is None or detok.num_fed == seq.num_output_tokens:
         return None

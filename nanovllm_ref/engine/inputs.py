@@ -21,7 +21,9 @@ from .sequence import Sequence
 @dataclass
 class StepInput:
     # per token (int64 arrays from prepare_step)
-    input_ids: list[int] | np.ndarray = field(default_factory=list)  # -1 where `pending` names the token
+    # the ids of the tokens the host knows, in row order: every row's, but those whose token is still sampled on the
+    # device (async scheduling: overlap.py gathers them there); the rows are query_start_loc's
+    input_ids: list[int] | np.ndarray = field(default_factory=list)
     positions: list[int] | np.ndarray = field(default_factory=list)
     slot_mapping: list[int] | np.ndarray = field(default_factory=list)
     query_start_loc: list[int] = field(default_factory=lambda: [0])
@@ -43,13 +45,15 @@ class StepInput:
     processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
-    # (token row, seq_id): rows whose input id is the token that seq_id samples in the step in flight (async)
-    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
 
     def logits_rows_are_all_rows(self) -> bool:
         """True in pure decode steps: every token row is a logits row, in order (no gather needed)."""
         n = len(self.logits_indices)
-        return n == len(self.input_ids) and (n == 0 or self.logits_indices[-1] == n - 1)
+        return n == self.num_tokens and (n == 0 or self.logits_indices[-1] == n - 1)
 
     def sample_rows_are_all_rows(self) -> bool:
         n = len(self.sample_rows)
@@ -67,10 +71,7 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
         input_ids += seq.token_ids[start:end]
-        if end > len(seq.token_ids):  # its last token is the step in flight's sample, on the device only
-            step.pending.append((len(input_ids), seq.seq_id))
-            input_ids.append(-1)
-        step.query_start_loc.append(len(input_ids))
+        step.query_start_loc.append(step.query_start_loc[-1] + num_new)
         step.seq_lens.append(end)
         tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
@@ -80,7 +81,7 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
                 step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids, seq.num_prompt_tokens,
                                                    seq.stop_ids, seq.seq_id))
             sampling_rows.append(seq.sampling_row + (len(step.logits_indices), end))
-            step.logits_indices.append(len(input_ids) - 1)
+            step.logits_indices.append(step.query_start_loc[-1] - 1)
     if sampling_rows:  # one transpose instead of eight appends per sequence
         (step.sample_seq_ids, step.temperature, step.top_k, step.top_p, step.seeds, step.num_logprobs,
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))

@@ -1,10 +1,9 @@
-"""The engine loop: validate and add requests, then schedule -> run the model -> update, step by step.
+"""The engine loop: validate and add requests, then schedule -> run the model -> update, step by step (`_step`).
 
 Async scheduling (`Config.async_scheduling`: by default on CUDA only; steps without logprobs or logits processing;
-also under TP): the next step (decode, prefill chunks or both) is scheduled and launched before the current one's
-tokens are read back (`_launch_behind`); rows that continue with a token of the step in flight take it on the device.
-The host's update, scheduling and input preparation overlap the GPU instead of idling it between steps (vLLM's
-async scheduling, SGLang's overlap scheduler).
+also under TP) runs the overlapped loop of overlap.py instead: the next step is scheduled and launched before the
+current one's tokens are read back, its rows continuing from them taking them on the device (vLLM's async
+scheduling, SGLang's overlap scheduler).
 
 Bad input raises before any state changes (SamplingParams range-checks its fields when it is made, seeds to
 64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
@@ -31,10 +30,11 @@ from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer, feed
-from .inputs import StepInput, prepare_step
-from .model_runner import Launched, ModelRunner, StepOutput
+from .inputs import prepare_step
+from .model_runner import ModelRunner, StepOutput
 from .observers import EngineStats, ScheduleObserver
 from .output_processor import OutputProcessor
+from .overlap import Overlap, OverlapScheduler
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import TPExecutor, WorkersFailed
@@ -70,7 +70,7 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
+        self.scheduler = (OverlapScheduler if self.async_scheduling else Scheduler)(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len,
             eos_token_ids(config.model, self.model_config),
         )
@@ -79,9 +79,7 @@ class LLMEngine:
         self._outputs = OutputProcessor(self._finalize)
         self._first_unfinished: dict[str, int] = {}  # request id -> index of its first unfinished sample (n > 1)
         self._ids = itertools.count()  # of requests added without an id
-        # the step scheduled behind the one in flight (async scheduling); Launched None: it samples on the host, and
-        # runs once the tokens it continues from are known
-        self._ahead: tuple[SchedulerOutput, Launched | None] | None = None
+        self.overlap = Overlap(self) if self.async_scheduling else None  # the overlapped loop (async scheduling)
         self._stepping: list[SchedulerOutput] = []  # what the current step scheduled: failed together if it raises
 
     def _check_cache_fits_one_request(self, num_blocks: int) -> None:
@@ -197,7 +195,8 @@ class LLMEngine:
             if isinstance(e, WorkersFailed) or not seqs:
                 raise
             logging.getLogger(__name__).exception("engine step failed; failing its %d requests", len(seqs))
-            self._ahead = None
+            if self.overlap is not None:
+                self.overlap.reset()
             for seq in seqs:
                 if not seq.is_finished:  # (those already finished keep their outcome; popped ones stay popped)
                     seq.error = f"the engine step failed: {type(e).__name__}: {e}"
@@ -218,59 +217,30 @@ class LLMEngine:
         return self._outputs.progress(live.values())
 
     def _step(self) -> list[RequestOutput]:
-        """Launch the step, then (for a step the device can sample alone, under async scheduling) schedule and launch
-        the step behind it, then wait for it and apply it: the plain loop, or mini-sglang's overlap loop."""
-        out, launched = self._next_step()
-        if launched is None:
-            if not out.scheduled:
-                return []
-            launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
-        if self._can_launch(launched.step):
-            self._ahead = self._launch_behind(out, launched)
-        finished = self._apply(out, self.runner.collect(launched))
-        self._drop_ahead_if_done()
-        return finished
+        """Schedule, run the model, apply its tokens (the overlapped loop instead under async scheduling)."""
+        if self.overlap is not None:
+            return self.overlap.step()
+        out = self._schedule()
+        if not out.scheduled:
+            return []
+        launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
+        return self._apply(out, self.runner.collect(launched))
 
-    def _next_step(self) -> tuple[SchedulerOutput, Launched | None]:
-        """The step scheduled behind the previous one (if it was not launched, without the rows that finished since),
-        else a newly scheduled one."""
-        if self._ahead is not None:
-            (out, launched), self._ahead = self._ahead, None
-            if launched is None:
-                out.scheduled = [(seq, n) for seq, n in out.scheduled if not seq.is_finished]
-        else:
-            out, launched = self.scheduler.schedule(), None
-            if not out.scheduled and self.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
+    def _schedule(self) -> SchedulerOutput:
+        """The next step's schedule, failed together with the step if the step raises (`_stepping`)."""
+        out = self.scheduler.schedule()
+        if not out.scheduled and self.scheduler.has_unfinished():
+            raise RuntimeError("scheduler made no progress with requests pending (engine bug)")
         self._stepping.append(out)
-        return out, launched
+        return out
 
-    def _can_launch(self, step: StepInput) -> bool:
-        """Whether `step` may run without the host sampling it: logprobs need the logits there, penalties and other
-        logits processing every token (vLLM's async scheduling leaves these out too)."""
-        return (self.async_scheduling and max(step.num_logprobs, default=-1) < 0 and not step.processed
-                and not step.prompt_logprobs)
-
-    def _launch_behind(self, out: SchedulerOutput, launched: Launched,
-                       ) -> tuple[SchedulerOutput, Launched | None] | None:
-        """With `out` in flight, the step behind it: scheduled now and, if the device can sample it alone, launched,
-        the input ids of rows continuing from `out` taken from `launched` on the device. Rows that finish in
-        `out` compute one more token in it, which is dropped (as in vLLM's async scheduling)."""
-        ahead = self.scheduler.schedule_ahead(out)
-        if ahead is None:
-            return None
-        self._stepping.append(ahead)
-        step = prepare_step(ahead, self.config.kvcache_block_size)
-        return ahead, self.runner.launch(step, prev=launched) if self._can_launch(step) else None
-
-    def _drop_ahead_if_done(self) -> None:
-        """Forget the step scheduled ahead once every row of it has finished: nothing of it is to be applied."""
-        if self._ahead is not None and all(seq.is_finished for seq, _ in self._ahead[0].scheduled):
-            if self._ahead[1] is not None:
-                self.runner.collect(self._ahead[1])
-            self._ahead = None
+    def _drop_ahead_if_done(self) -> None:  # (after an abort: overlap.py)
+        if self.overlap is not None:
+            self.overlap.drop_ahead_if_done()
 
     def _apply(self, out: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
+        """A step's results into its sequences (errors, logprobs, then Scheduler.update and stop strings); returns the
+        outputs of the requests that finished."""
         done, by_id = [], {seq.seq_id: seq for seq, _ in out.scheduled}
         for seq_id, message in result.errors.items():
             seq = by_id[seq_id]
@@ -331,7 +301,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""
-        self._ahead = None
+        self.overlap = None
         if self.runner is not None:
             self.runner.shutdown()
             self.runner = None

@@ -11,6 +11,7 @@ from itertools import compress
 from operator import not_
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..attention import BACKENDS, forward_context
@@ -40,7 +41,7 @@ class Launched:
     """A step queued on the device and not yet waited for (ModelRunner.launch)."""
 
     step: StepInput
-    tokens: torch.Tensor  # (n,) int64 on the device: the next step's input ids
+    tokens: torch.Tensor  # (n,) int64 on the device: the sampled tokens, which a step behind it gathers (overlap.py)
     host: torch.Tensor | None  # (2, n) int64 on the host (pinned): tokens and finite flags, once `done` (rank 0)
     done: torch.cuda.Event | None  # None on the CPU, where the step ran synchronously, and on TP ranks other than 0
     # what its logprobs are read from (rank 0, steps that ask for them): the logits, the sampling rows' logits and
@@ -173,14 +174,15 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def compute_hidden(self, step: StepInput, prev: Launched | None = None) -> torch.Tensor:
+    def compute_hidden(self, step: StepInput, prev: Launched | None = None, rows: np.ndarray | None = None,
+                       ) -> torch.Tensor:
         """The forward; returns the hidden states of the logits rows (step.logits_indices), (num_logits, hidden).
-        The input ids of the token rows `step.pending` names are the tokens of `prev`, the step still in flight,
-        taken on the device."""
-        input_ids, positions, meta, logits_rows, dst, rows = stage_step(
-            step, self.device, self.spec.max_model_len, prev and prev.step)
-        if step.pending:  # (clamped: a NaN row's token must stay a valid id)
-            input_ids[dst] = prev.tokens[rows].clamp(0, self.model_config.vocab_size - 1)
+        With `prev`, the step still in flight (async scheduling), token row r's input id is entry `rows[r]` of the
+        host's ids followed by `prev`'s sampled tokens, gathered on the device (overlap.py builds `rows`)."""
+        input_ids, positions, meta, logits_rows, rows = stage_step(step, self.device, self.spec.max_model_len, rows)
+        if prev is not None:  # (clamped: a NaN row's token must stay a valid id)
+            source = torch.cat([input_ids, prev.tokens]) if len(step.input_ids) else prev.tokens  # (decodes only)
+            input_ids = source.clamp(0, self.model_config.vocab_size - 1)[rows]
         if self.graphs is not None and self.graphs.can_run(step):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
@@ -189,11 +191,11 @@ class ModelRunner:
         return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
-    def launch(self, step: StepInput, prev: Launched | None = None) -> Launched:
+    def launch(self, step: StepInput, prev: Launched | None = None, rows: np.ndarray | None = None) -> Launched:
         """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
-        the host (`collect` waits for them). With `prev` (async scheduling, as in vLLM and SGLang), the rows of
-        `step.pending` take `prev`'s sampled tokens as input ids on the device."""
-        logits = self.model.compute_logits(self.compute_hidden(step, prev))  # (num_logits, vocab), rank 0 only
+        the host (`collect` waits for them). With `prev` and `rows` (async scheduling, as in vLLM and SGLang: see
+        `compute_hidden`), rows continuing from `prev` take its sampled tokens as input ids on the device."""
+        logits = self.model.compute_logits(self.compute_hidden(step, prev, rows))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:

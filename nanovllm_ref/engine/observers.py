@@ -6,6 +6,7 @@ scheduler or block manager. Pure Python; built only while an observer is registe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,13 +54,14 @@ class ScheduleObserver(Protocol):
 
 
 def schedule_decision(limits: tuple[int, int], bm: BlockManager, out: SchedulerOutput, running: list[Sequence],
-                      waiting_before: list[Sequence]) -> ScheduleDecision:
-    """The decision `out` as plain data; `limits`: (max_num_batched_tokens, max_num_seqs)."""
+                      waiting_before: list[Sequence], num_tokens: Callable[[Sequence], int]) -> ScheduleDecision:
+    """The decision `out` as plain data; `limits`: (max_num_batched_tokens, max_num_seqs); `num_tokens`: the
+    scheduler's count of a sequence's tokens, one in flight included (async scheduling), shown as -1."""
     new = {seq.seq_id: n for seq, n in out.scheduled}
 
     def view(seq: Sequence) -> SequenceView:
         return SequenceView(seq.request_id, seq.seq_id, new.get(seq.seq_id, 0), seq.num_computed_tokens,
-                            tuple(seq.token_ids) + (-1,) * seq.num_pending, tuple(seq.block_table))
+                            tuple(seq.token_ids) + (-1,) * (num_tokens(seq) - seq.num_tokens), tuple(seq.block_table))
 
     return ScheduleDecision(
         limits[0], limits[1], bm.block_size, tuple(view(seq) for seq, _ in out.scheduled),

@@ -7,9 +7,9 @@ running sequence is preempted: its blocks are freed and it is recomputed later f
 output is unaffected. Nothing here asserts: a request that could never fit is refused before it is added
 (`check_fits`).
 Every step, decodes included, takes this one path: a step's inputs are derived from the sequences (inputs.py).
-`schedule_ahead` schedules the step behind the one in flight for the engine's async scheduling (vLLM v1's async
-scheduling): the step in flight is taken as done, its sampled tokens pending (known on the device only, which the
-step behind reads there) until `update` brings them.
+Async scheduling (overlap.py's OverlapScheduler, vLLM v1's AsyncScheduler) schedules the step behind the one in
+flight through this same code: it counts the token in flight of each sequence in `num_tokens` and splits `update`
+into its two halves, `count_computed` when the step is launched and `take_tokens` when its tokens come.
 `observers` (registered through `LLMEngine.add_observer`; none by default) get every `schedule()`'s decision as
 plain data (observers.py), so tests can check each one against the invariants above
 (nanovllm_ref/oracle/schedule_check.py).
@@ -30,15 +30,15 @@ from .sequence import Sequence, SequenceStatus
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
-    advanced: bool = False  # taken as done while in flight (schedule_ahead): its tokens are pending
 
     @property
     def num_batched_tokens(self) -> int:
         return sum(n for _, n in self.scheduled)
 
     def samples(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Whether this step ends at the sequence's last known token, i.e. yields a next token."""
-        return seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+        """Whether this step ends at the sequence's last known token, i.e. yields a next token (or, a row continuing
+        from a token in flight (overlap.py), one past it: that token is its input)."""
+        return seq.num_computed_tokens + num_new_tokens >= seq.num_tokens
 
 
 class Scheduler:
@@ -85,7 +85,7 @@ class Scheduler:
         waiting = list(self.waiting)
         out = self._schedule()
         decision = schedule_decision((self.max_num_batched_tokens, self.max_num_seqs), self.block_manager, out,
-                                     self.running, waiting)
+                                     self.running, waiting, self.num_tokens)
         for observer in self.observers:
             observer.on_schedule(decision)
         return out
@@ -112,22 +112,19 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def schedule_ahead(self, in_flight: SchedulerOutput) -> SchedulerOutput | None:
-        """Async scheduling: the step after `in_flight`, scheduled before its tokens are known. `in_flight` is taken
-        as done (`update` without its tokens: they stay on the device as the next step's input ids) and the step is
-        scheduled as any other. None when nothing can run: the engine then waits for `in_flight`."""
-        self.update(in_flight, None)
-        out = self.schedule()
-        return out if out.scheduled else None
+    def num_tokens(self, seq: Sequence) -> int:
+        """The tokens of `seq` a step may compute up to: its known ones (OverlapScheduler adds one in flight)."""
+        return seq.num_tokens
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Grant running sequences their next tokens, oldest first; returns the budget left."""
         for seq in self.running:  # (_make_room pops preempted ones off the end: the loop stops before them)
             if budget <= 0:
                 break
-            if seq.num_pending and seq.num_tokens >= seq.max_num_tokens:
+            num_tokens = self.num_tokens(seq)
+            if num_tokens >= seq.max_num_tokens:
                 continue  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(num_tokens - seq.num_computed_tokens, budget)
             if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs
             out.scheduled.append((seq, num_new))
@@ -151,26 +148,29 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int] | None) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
         """The one place sequences advance: the scheduled ones count their new tokens as computed, those that sampled
-        take their token, and a stop token or the length limit finishes them (returned). `sampled` maps seq_id ->
-        token. `sampled` None (async scheduling: `out` is in flight) does the first half only: the tokens are pending
-        (Sequence.num_pending) until a second call brings them (a sequence preempted meanwhile keeps its token too:
-        its recompute then starts from it)."""
+        take their token (`sampled` maps seq_id -> token), and a stop token or the length limit finishes them
+        (returned). Async scheduling calls the two halves apart (overlap.py), the first while the step is in flight."""
+        self.count_computed(out)
+        return self.take_tokens(out, sampled)
+
+    def count_computed(self, out: SchedulerOutput) -> None:
+        """The first half of `update`: the step's tokens are computed (their KV written), its full blocks cached."""
         live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
-        if not out.advanced:
-            for seq, num_new in live:
-                seq.num_pending += sampled is None and out.samples(seq, num_new)
-                seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
-            out.advanced = sampled is None
+        for seq, num_new in live:
+            seq.num_computed_tokens += num_new
+        self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+
+    def take_tokens(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """The second half of `update`: the sampled tokens are appended, and the sequences they end finish (returned).
+        A sequence preempted since the step was scheduled takes its token too: its recompute then starts from it."""
         finished = []
-        for seq, _ in live if sampled is not None else ():
+        for seq, _ in out.scheduled:
             token = sampled.get(seq.seq_id)
-            if token is None:
+            if token is None or seq.status is SequenceStatus.FINISHED:
                 continue
             seq.token_ids.append(token)
-            seq.num_pending -= out.advanced
             reason = "stop" if token in seq.stop_ids else "length" if len(seq.token_ids) >= seq.max_num_tokens else None
             if reason is not None:
                 self.finish(seq, reason)
@@ -183,6 +183,5 @@ class Scheduler:
             return
         (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
         self.block_manager.free(seq)
-        seq.num_pending = 0  # its step in flight failed or was aborted: that token never comes
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -30,9 +30,6 @@ class Sequence:
         self.seed = seed  # params.seed, or one drawn by the engine: every request samples from its own stream
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
-        # sampled by a step still in flight (async scheduling, Scheduler.schedule_ahead): counted in num_tokens, not
-        # yet in token_ids (the step behind takes it on the device); 0 or 1
-        self.num_pending = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0
         self.block_table = array("i")  # an array: a step's tables join as one buffer (inputs.py)
@@ -58,8 +55,8 @@ class Sequence:
         )
 
     @property
-    def num_tokens(self) -> int:  # the tokens known and pending: the next position to compute is below it
-        return len(self.token_ids) + self.num_pending
+    def num_tokens(self) -> int:  # the next position to compute is below it (overlap.py counts one in flight too)
+        return len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -31,22 +31,21 @@ def upload(arrays: list[tuple[Any, torch.dtype]], device: torch.device) -> list[
     return [dev[start:start + size].view(dtype) for (_, dtype), start, size in zip(arrays, starts, sizes)]
 
 
-def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_step: StepInput | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An eager step's inputs on the device with one copy: (input ids, positions, attention metadata, logits rows,
-    the token rows `step.pending` names and the rows of `prev_step`'s sampled tokens that are their input ids);
-    `prev_step` is the step in flight (async scheduling), needed only when `step.pending` names rows."""
+def stage_step(step: StepInput, device: torch.device, max_model_len: int, rows: np.ndarray | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor]:
+    """An eager step's inputs on the device with one copy: (the host's input ids, positions, attention metadata, logits
+    rows, `rows` on the device). `rows` (async scheduling, overlap.py: an int64 array, a row's source among the host's
+    ids and the step in flight's tokens) travels in the same copy; empty without it."""
     tables = step.block_tables
-    row_of = {seq_id: i for i, seq_id in enumerate(prev_step.sample_seq_ids)} if step.pending else {}
-    dst, rows = [row for row, _ in step.pending], [row_of[seq_id] for _, seq_id in step.pending]
     # decode attention takes the longest contexts first; sorted here, a device sort would cost ~18 us a step
     decode = step.max_query_len == 1
     order = np.argsort(-np.asarray(step.seq_lens), kind="stable") if decode else []
     i64, i32 = torch.int64, torch.int32
-    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, dst_rows, rows, order = upload(
+    ids, positions, slots, starts, seq_lens, flat_tables, logits_rows, rows, order = upload(
         [(step.input_ids, i64), (step.positions, i64), (step.slot_mapping, i64), (step.query_start_loc, i32),
          (step.seq_lens, i32), (tables.ravel(), i32),
-         ([] if step.logits_rows_are_all_rows() else step.logits_indices, i64), (dst, i64), (rows, i64), (order, i64)],
+         ([] if step.logits_rows_are_all_rows() else step.logits_indices, i64), ([] if rows is None else rows, i64),
+         (order, i64)],
         device)
     meta = AttentionMetadata(
         slot_mapping=slots, query_start_loc=starts, seq_lens=seq_lens, block_tables=flat_tables.view(tables.shape),
@@ -54,4 +53,4 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, prev_s
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
         decode_order=order if decode else None,
     )
-    return ids, positions, meta, logits_rows, dst_rows, rows
+    return ids, positions, meta, logits_rows, rows

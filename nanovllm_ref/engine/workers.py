@@ -5,7 +5,8 @@ start, and no process group lives in the caller: two engines coexist in one proc
 caller pickles the StepInput once and sends it to every rank over its own pipe (no size cap, no
 shared-memory names to clash); every rank runs the same forward; rank 0 samples. A step is "launched" on every
 rank and "collected" from rank 0 (under async scheduling after the step behind it was launched): rank 0 broadcasts
-its sampled tokens on the device, so every rank takes them as the next step's input ids without the host. A worker that
+its sampled tokens on the device, so every rank gathers the step behind's input ids from them (overlap.py's rows, sent
+with that step) without the host. A worker that
 raises reports "rank N: cause" and exits; the caller, which waits with a timeout and watches every worker,
 raises that (or "rank N died") instead of hanging. Workers are daemons and are killed on shutdown.
 """
@@ -25,6 +26,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -80,9 +82,9 @@ def _worker_main(rank: int, world: int, port: int, spec: RunnerSpec, model_confi
         launched: dict[int, Launched] = {}  # steps launched and not yet collected, by the caller's key
         while (message := pickle.loads(conn.recv_bytes()))[0] != "exit":
             command, payload = message
-            if command == "launch":  # queue a step; input ids may be an earlier one's tokens
-                step, key, prev_key = payload
-                launched[key] = runner.launch(step, launched.get(prev_key))
+            if command == "launch":  # queue a step; input ids may be gathered from an earlier one's tokens
+                step, key, prev_key, rows = payload
+                launched[key] = runner.launch(step, launched.get(prev_key), rows)
             else:  # collect: rank 0 waits for the step and answers; the others only forget it
                 item = launched.pop(payload)
                 if rank == 0:
@@ -165,11 +167,11 @@ class TPExecutor:
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
-    def launch(self, step: StepInput, prev: TPLaunched | None = None) -> TPLaunched:
-        """Every rank queues the step (ModelRunner.launch) and keeps it; input ids from `prev` (async scheduling) are
-        its tokens, which rank 0 broadcast on the device when it sampled them."""
+    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: np.ndarray | None = None) -> TPLaunched:
+        """Every rank queues the step (ModelRunner.launch) and keeps it; input ids gathered from `prev` (async
+        scheduling, overlap.py) are its tokens, which rank 0 broadcast on the device when it sampled them."""
         self._next_key += 1
-        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key)))
+        self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows)))
         return TPLaunched(step, self._next_key)
 
     def collect(self, launched: TPLaunched) -> StepOutput:

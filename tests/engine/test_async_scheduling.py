@@ -1,4 +1,4 @@
-"""Async scheduling (LLMEngine._launch_behind, Scheduler.schedule_ahead, ModelRunner.launch): the step after the
+"""Async scheduling (engine/overlap.py: Overlap, OverlapScheduler, gather_rows; ModelRunner.launch): the step after the
 one in flight (decode, prefill chunks, or both) is scheduled and launched before that step's tokens are known, the
 input ids of rows continuing from them taken on the device. It must change nothing a user sees: the same tokens,
 texts and finish reasons as the synchronous engine, with rows finishing (stop tokens, stop strings, length limits
@@ -14,7 +14,7 @@ import pytest
 
 from nanovllm_ref import LLM, SamplingParams
 from nanovllm_ref.engine.model_runner import ModelRunner
-from nanovllm_ref.engine.scheduler import Scheduler
+from nanovllm_ref.engine.overlap import OverlapScheduler
 
 from ..conftest import QWEN3
 
@@ -31,12 +31,13 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     ahead = []
     original = ModelRunner.launch
 
-    def spy(self, step, prev=None):
-        fed = prev is not None and bool(step.pending)  # input ids taken from `prev` on the device
-        dropped = fed and len(step.pending) < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
+    def spy(self, step, prev=None, rows=None):
+        fed = step.num_tokens - len(step.input_ids)  # rows whose input ids are taken from `prev` on the device
+        assert (prev is None) == (rows is None) and (rows is None or len(rows) == step.num_tokens)
+        dropped = fed and fed < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
         ahead.append((prev is not None, dropped, step.block_tables.shape[1],
-                      fed and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
-        return original(self, step, prev)
+                      fed > 0 and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
+        return original(self, step, prev, rows)
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch", spy)
@@ -45,6 +46,11 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     if full:
         return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs], ahead
     return [(o.token_ids, o.finish_reason) for o in outs], ahead
+
+
+def _ahead(llm: LLM):
+    """The step scheduled behind the one in flight (None also under synchronous scheduling)."""
+    return llm.engine.overlap and llm.engine.overlap.ahead
 
 
 def _params_with_stops(reference: list[tuple[list[int], str]]) -> list[SamplingParams]:
@@ -87,8 +93,8 @@ def test_async_scheduling_by_default_only_on_cuda(path, monkeypatch):
     synchronously (asking for async scheduling, as the tests here do, still gets it)."""
     prompts = _prompts(3, seed=3)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    behind, original = [], Scheduler.schedule_ahead
-    monkeypatch.setattr(Scheduler, "schedule_ahead", lambda self, out: behind.append(out) or original(self, out))
+    behind, original = [], OverlapScheduler.take_in_flight
+    monkeypatch.setattr(OverlapScheduler, "take_in_flight", lambda self, out: behind.append(out) or original(self, out))
     default, _ = _run(path, None, prompts, params, monkeypatch)
     assert behind == [], "the CPU default scheduled steps behind the one in flight"
     assert default == _run(path, True, prompts, params, monkeypatch)[0] and behind
@@ -124,7 +130,7 @@ def test_abort_while_a_step_is_in_flight(path):
                     results[out.request_id] = out
                 if not llm.engine.has_unfinished():
                     break
-            assert not llm.engine.has_unfinished() and llm.engine._ahead is None
+            assert not llm.engine.has_unfinished() and _ahead(llm) is None
             return [(results[i].token_ids, results[i].finish_reason) for i in ids]
 
     sync, got = run(False), run(True)
@@ -137,9 +143,9 @@ def test_aborting_the_last_request_leaves_nothing_in_flight(path):
         rid = llm.add_request([5, 6, 7], SamplingParams(max_tokens=20, ignore_eos=True))
         for _ in range(4):
             llm.step()
-        assert llm.engine._ahead is not None  # a steady decode: the next step is already launched
+        assert _ahead(llm) is not None  # a steady decode: the next step is already launched
         assert llm.engine.abort_request(rid).finish_reason == "abort"
-        assert llm.engine._ahead is None and not llm.engine.has_unfinished()
+        assert _ahead(llm) is None and not llm.engine.has_unfinished()
         rid = llm.add_request([8, 9], SamplingParams(max_tokens=3, ignore_eos=True))  # the engine serves on
         outs = [o for _ in range(10) for o in llm.step() if o.finished]
         assert [len(o.token_ids) for o in outs if o.request_id == rid] == [3]
@@ -210,7 +216,7 @@ def test_abort_while_a_prefill_step_is_in_flight(path):
             results, general_ahead = {}, False
             for i in range(200):
                 if i == 3:
-                    ahead = llm.engine._ahead
+                    ahead = _ahead(llm)
                     general_ahead = ahead is not None and any(n > 1 for _, n in ahead[0].scheduled)
                     for rid in (ids[-1], ids[0]):  # the long prompt, mid-prefill, and a decoding request
                         results[rid] = llm.engine.abort_request(rid)
@@ -218,7 +224,7 @@ def test_abort_while_a_prefill_step_is_in_flight(path):
                     results[out.request_id] = out
                 if not llm.engine.has_unfinished():
                     break
-            assert not llm.engine.has_unfinished() and llm.engine._ahead is None
+            assert not llm.engine.has_unfinished() and _ahead(llm) is None
             return [(results[i].token_ids, results[i].finish_reason) for i in ids], general_ahead
 
     (sync, _), (got, general_ahead) = run(False), run(True)

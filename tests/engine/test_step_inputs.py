@@ -47,7 +47,7 @@ def test_token_columns_equal_per_token_definition(block_size, data):
     assert step.positions.tolist() == positions
     assert step.slot_mapping.tolist() == slots
     assert step.input_ids.tolist() == ids
-    assert step.query_start_loc[-1] == len(ids) and step.pending == []
+    assert step.query_start_loc[-1] == step.num_tokens == len(ids)
     for i, (seq, _) in enumerate(scheduled):
         assert step.block_tables[i, : len(seq.block_table)].tolist() == seq.block_table.tolist()
 

@@ -101,6 +101,6 @@ def test_a_failing_decode_step_launched_ahead_fails_its_requests():
         while llm.has_unfinished():
             outs += [o for o in llm.step() if o.finished]
         assert sorted((o.request_id, o.finish_reason) for o in outs) == [(r, "error") for r in sorted(rids)]
-        assert llm.engine._ahead is None and not llm.engine.requests
+        assert llm.engine.overlap.ahead is None and not llm.engine.requests
         again = llm.generate([[5, 6, 7], [9, 9]], GREEDY, use_tqdm=False)
         assert [o.token_ids for o in again] == [o.token_ids for o in reference]

@@ -19,8 +19,8 @@ def check_schedule(s: Scheduler, out: SchedulerOutput, waiting_before: list[Sequ
     seqs = [seq for seq, _ in out.scheduled]
     check(len({q.seq_id for q in seqs}) == len(seqs), "scheduled", "a sequence is scheduled twice")
     for seq, n in out.scheduled:
-        check(n >= 1 and seq.num_computed_tokens + n <= seq.num_tokens, "num-new-tokens",
-              f"{name(seq)}: {n} new tokens after {seq.num_computed_tokens} computed of {seq.num_tokens}")
+        check(n >= 1 and seq.num_computed_tokens + n <= s.num_tokens(seq), "num-new-tokens",
+              f"{name(seq)}: {n} new tokens after {seq.num_computed_tokens} computed of {s.num_tokens(seq)}")
         check(seq.status is SequenceStatus.RUNNING and seq in s.running, "scheduled",
               f"scheduled {name(seq)} is {seq.status.value}, not running")
         check(len(seq.block_table) * bs >= seq.num_computed_tokens + n, "capacity",
@@ -36,10 +36,12 @@ def check_schedule(s: Scheduler, out: SchedulerOutput, waiting_before: list[Sequ
         check(not skipped, "fcfs", f"{name(seq)} admitted while older waiting requests {skipped} were not")
 
 
-def check_step_input(out: SchedulerOutput, step: StepInput, bs: int) -> None:
-    """Positions, input ids, slot mapping and sequence lengths of every scheduled chunk."""
+def check_step_input(s: Scheduler, out: SchedulerOutput, step: StepInput, bs: int) -> None:
+    """Positions, input ids, slot mapping and sequence lengths of every scheduled chunk. The input ids are those the
+    host knows (a token the step in flight samples is gathered on the device: the fake model checks that)."""
     check(step.query_start_loc[0] == 0 and len(step.seq_lens) == len(out.scheduled), "slot-mapping",
           "query_start_loc / seq_lens do not match the schedule")
+    known = []
     for i, (seq, n) in enumerate(out.scheduled):
         lo, hi = step.query_start_loc[i], step.query_start_loc[i + 1]
         start = seq.num_computed_tokens
@@ -47,15 +49,15 @@ def check_step_input(out: SchedulerOutput, step: StepInput, bs: int) -> None:
         slots = [seq.block_table[p // bs] * bs + p % bs for p in positions]
         check(hi - lo == n and list(step.positions[lo:hi]) == positions, "slot-mapping",
               f"{name(seq)}: positions {step.positions[lo:hi]}, want {positions}")
-        known = (seq.token_ids + [-1] * seq.num_pending)[start : start + n]  # -1: the step in flight's sample
-        check(list(step.input_ids[lo:hi]) == known, "slot-mapping", f"{name(seq)}: input ids {step.input_ids[lo:hi]}")
+        known += seq.token_ids[start : start + n]
         check(list(step.slot_mapping[lo:hi]) == slots, "slot-mapping",
               f"{name(seq)}: slots {step.slot_mapping[lo:hi]}, want {slots}")
         table = seq.block_table.tolist()
         check(step.seq_lens[i] == start + n and step.block_tables[i, : len(table)].tolist() == table, "slot-mapping",
               f"{name(seq)}: seq_len {step.seq_lens[i]}, want {start + n}")
+    check(list(step.input_ids) == known, "slot-mapping", f"input ids {step.input_ids}, want {known}")
     samplers = [seq for seq, n in out.scheduled if out.samples(seq, n)]
     check(step.sample_seq_ids == [q.seq_id for q in samplers], "slot-mapping",
           f"sampling seq_ids {step.sample_seq_ids}, want those of {[name(q) for q in samplers]}")
     for seq, counter in zip(samplers, step.counters):
-        check(counter == seq.num_tokens, "slot-mapping", f"{name(seq)} samples position {counter}")
+        check(counter == s.num_tokens(seq), "slot-mapping", f"{name(seq)} samples position {counter}")

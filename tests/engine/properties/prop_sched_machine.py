@@ -4,9 +4,10 @@ Each step does what the engine does: `schedule()`, `prepare_step()`, run the mod
 model writes each scheduled token into its KV slot, and a sampling sequence reads its whole context back
 through its block table; the next token is a hash of that context, so a request's output is fixed by its
 prompt alone and any scheduling slip (lost tokens, wrong slots, stale prefix-cache content) shows up.
-`step_async` runs steps as the engine's async scheduling does: the step behind the one in flight is scheduled
-(`schedule_ahead`) and run before the one in flight is applied, its pending input ids (-1) taken from that step's
-samples (as the device does); rows that finish meanwhile compute a token that is dropped.
+`step_async` runs steps as the engine's async scheduling does (engine/overlap.py): the step behind the one in flight
+is scheduled (OverlapScheduler.take_in_flight, then `schedule()`) and run before the one in flight is applied, the input
+ids the host does not know gathered from that step's samples by `gather_rows` (as the device does); rows that finish
+meanwhile compute a token that is dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from nanovllm_ref.engine.block_manager import BlockManager
 from nanovllm_ref.engine.inputs import StepInput, prepare_step
-from nanovllm_ref.engine.scheduler import Scheduler, SchedulerOutput
+from nanovllm_ref.engine.overlap import OverlapScheduler, gather_rows
+from nanovllm_ref.engine.scheduler import SchedulerOutput
 from nanovllm_ref.engine.sequence import Sequence, SequenceStatus
 from nanovllm_ref.sampling_params import SamplingParams
 
@@ -50,12 +52,13 @@ class Request:
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.sched: Scheduler | None = None
+        self.sched: OverlapScheduler | None = None  # (with nothing in flight, the plain Scheduler)
         self.requests: list[Request] = []
         self.kv: dict[int, int] = {}  # slot -> token whose KV the fake model wrote there
         self.num_steps = 0
         self.clean = True  # False once a rule or check raised: teardown then skips the drain
-        self.ahead: tuple[SchedulerOutput, dict[int, int]] | None = None  # async: scheduled ahead and run, not applied
+        # async: scheduled ahead and run, not applied (its schedule, samples and inputs)
+        self.ahead: tuple[SchedulerOutput, dict[int, int], StepInput] | None = None
 
     def __repr__(self) -> str:
         if self.sched is None:
@@ -70,7 +73,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, block_size: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
               max_model_len: int, prefix_caching: bool) -> None:
         bm = BlockManager(num_blocks, block_size, prefix_caching)
-        self.sched = Scheduler(bm, max_num_seqs, max_num_batched_tokens, max_model_len, frozenset({EOS}))
+        self.sched = OverlapScheduler(bm, max_num_seqs, max_num_batched_tokens, max_model_len, frozenset({EOS}))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _live(self) -> list[Request]:
@@ -82,31 +85,32 @@ class SchedulerMachine(RuleBasedStateMachine):
                 dict(bm.cached), [b.ref_count for b in bm.blocks], s.num_preemptions)
 
     def _scheduled_and_run(self, out: SchedulerOutput, waiting_before: list[Sequence],
-                           prev: dict[int, int] | None = None) -> dict[int, int]:
+                           prev: tuple[dict[int, int], StepInput] | None = None) -> tuple[dict[int, int], StepInput]:
         s, bs = self.sched, self.sched.block_manager.block_size
         self.num_steps += 1
         check_schedule(s, out, waiting_before)
         step = prepare_step(out, bs)
-        check_step_input(out, step, bs)
-        return self._fake_model(out, step, prev)
+        check_step_input(s, out, step, bs)
+        return self._fake_model(out, step, prev), step
 
     def _run_step(self, fail: int | None = None, ahead: bool = False) -> None:
         """One engine step; `fail` picks a scheduled sequence that errors mid-step (finished with "error"). With
         `ahead` (async scheduling), the step behind it is scheduled and run before it is applied."""
         s = self.sched
         if self.ahead is not None:
-            (out, sampled), self.ahead = self.ahead, None
+            (out, sampled, step), self.ahead = self.ahead, None
         else:
             had_work, waiting_before = s.has_unfinished(), list(s.waiting)
             out = s.schedule()
             check(bool(out.scheduled) or not had_work, "progress", "requests pending but nothing scheduled")
             self._check_tokens()  # preemption happens inside schedule(): no token may be lost or changed
-            sampled = self._scheduled_and_run(out, waiting_before)
+            sampled, step = self._scheduled_and_run(out, waiting_before)
         if ahead:
             waiting_before = list(s.waiting)
-            behind = s.schedule_ahead(out)
-            if behind is not None:
-                self.ahead = (behind, self._scheduled_and_run(behind, waiting_before, sampled))
+            s.take_in_flight(out)
+            behind = s.schedule()
+            if behind.scheduled:
+                self.ahead = (behind, *self._scheduled_and_run(behind, waiting_before, (sampled, step)))
         failed = None
         live = [q for q, _ in out.scheduled if not q.is_finished]
         if fail is not None and live:
@@ -136,16 +140,20 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _by_id(self, seq_id: int) -> Sequence:
         return next(r.seq for r in self.requests if r.seq.seq_id == seq_id)
 
-    def _fake_model(self, out: SchedulerOutput, step: StepInput, prev: dict[int, int] | None = None,
+    def _fake_model(self, out: SchedulerOutput, step: StepInput, prev: tuple[dict[int, int], StepInput] | None = None,
                     ) -> dict[int, int]:
-        """Write the step's KV, then sample each sampling sequence from the context it reads back. Pending input
-        ids are the tokens that `prev` (the step in flight) sampled."""
+        """Write the step's KV, then sample each sampling sequence from the context it reads back. The input ids the
+        host does not know are gathered as the device does (gather_rows) from the tokens of `prev`, the step in flight
+        (its samples and inputs); the KV and context checks catch a row fed another row's token."""
         bm = self.sched.block_manager
         bs = bm.block_size
         input_ids = list(step.input_ids)
-        for row, seq_id in step.pending:
-            input_ids[row] = prev[seq_id]
-        check(-1 not in input_ids, "pending", f"pending input ids left: {step.input_ids}, {step.pending}")
+        rows = None if prev is None else gather_rows(out, step, prev[1])
+        if rows is not None:  # the device's buffer of the step in flight's tokens, in its sampling rows' order
+            source = input_ids + [prev[0][seq_id] for seq_id in prev[1].sample_seq_ids]
+            input_ids = [source[r] for r in rows]
+        check(len(input_ids) == step.num_tokens, "pending",
+              f"{step.num_tokens - len(input_ids)} input ids neither known nor gathered: {step.input_ids}")
         for slot, token in zip(step.slot_mapping, input_ids):
             block = bm.blocks[slot // bs]
             check(block.ref_count == 1 and block.hash is None, "kv-write",
@@ -161,7 +169,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             # of a decode step claimed ahead)
             tokens = list(seq.token_ids)
             if seq_len > len(tokens):
-                tokens.append(prev[seq.seq_id])
+                tokens.append(prev[0][seq.seq_id])
             check(context == tokens, "kv-content", f"{name(seq)} attends to {context} but its tokens are {tokens}")
             sampled[seq.seq_id] = fake_next_token(seq.seed, context)
         return sampled
@@ -268,7 +276,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 check(not seq.block_table and seq.num_computed_tokens == 0, "blocks",
                       f"{name(seq)} ({where.value}) holds blocks {seq.block_table}")
             # between steps every token is known: the one a step in flight samples is pending only until applied
-            check(seq.num_pending == 0, "pending", f"{name(seq)} has {seq.num_pending} pending tokens between steps")
+            check(seq not in s.in_flight, "pending", f"{name(seq)} has a token in flight between steps")
+        check(s.counted is None, "pending", "a step counted as in flight between steps")
         check_block_manager(s.block_manager, running)
 
     def teardown(self) -> None:

@@ -78,6 +78,8 @@ INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exa
 INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
 DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the rope_scaling dialect
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
+ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
+SERVE_TESTS = "tests/serve/test_openai_client.py"
 
 
 M = Mutant
@@ -544,6 +546,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return out.view(*shape[:-1], n)",
       "batch-invariant GEMM (CUDA): steps of 2-64 rows take a split-K product (two halves of K summed)",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    # the blind spots of a held-out audit: each caught by a check any engine runs
+    M("serve-stream-text-offset-restarts", ROUTES, "start, offsets.get(c.index, 0))", "start)",
+      "streamed /v1/completions with logprobs: each chunk's text_offset restarts at 0 (non-streamed is right)",
+      (SERVE_TESTS,), (SERVING_CONF,)),
+    M("serve-chat-stream-logprobs-repeated", ROUTES, '"logprobs": _chat_logprobs(served, c, start, top),',
+      '"logprobs": _chat_logprobs(served, c, 0, top),',
+      "streamed chat completions: each chunk's logprobs repeat every token from the first", (SERVE_TESTS,),
+      (SERVING_CONF,)),
 )
 
 

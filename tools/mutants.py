@@ -554,6 +554,10 @@ MUTANTS: tuple[Mutant, ...] = (
       '"logprobs": _chat_logprobs(served, c, 0, top),',
       "streamed chat completions: each chunk's logprobs repeat every token from the first", (SERVE_TESTS,),
       (SERVING_CONF,)),
+    M("text-stop-found-only-at-the-end", DETOK, "self.text.find(s, max(0, new_from - len(s) + 1))",
+      "self.text.find(s, max(0, len(self.text) - len(s)))",
+      "stop strings searched only where they would end the text: of two one token completes, the later wins and "
+      "the earlier stays in the text", (DETOK_TESTS,), (TEXT_CONF,)),
 )
 
 

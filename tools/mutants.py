@@ -80,6 +80,7 @@ DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
 SERVE_TESTS = "tests/serve/test_openai_client.py"
+SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 
 
 M = Mutant
@@ -558,6 +559,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.text.find(s, max(0, len(self.text) - len(s)))",
       "stop strings searched only where they would end the text: of two one token completes, the later wins and "
       "the earlier stays in the text", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("seed-zero-unseeded", ENGINE_PY, "params.seed if params.seed is not None else", "params.seed if params.seed else",
+      "a request seeded 0 is taken as unseeded (a fresh draw of the engine's generator)", (STEPS_CONF,), (SEEDS_CONF,)),
+    M("seed-engine-seed-ignored", ENGINE_PY, "self._rng = random.Random(config.seed)", "self._rng = random.Random()",
+      "the engine-level seed is ignored: unseeded requests draw differently on every instance", (STEPS_CONF,),
+      (SEEDS_CONF,)),
 )
 
 

@@ -80,6 +80,7 @@ DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
 SERVE_TESTS = "tests/serve/test_openai_client.py"
+ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generation
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 
 
@@ -564,6 +565,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("seed-engine-seed-ignored", ENGINE_PY, "self._rng = random.Random(config.seed)", "self._rng = random.Random()",
       "the engine-level seed is ignored: unseeded requests draw differently on every instance", (STEPS_CONF,),
       (SEEDS_CONF,)),
+    M("abort-first-sample-only", ENGINE_PY, '''        for s in seq.group or [seq]:
+            self.scheduler.finish(s, "abort")''',
+      '''        for s in [seq]:
+            self.scheduler.finish(s, "abort")''',
+      "aborting a request with n > 1 aborts its first sample only (the others run on, its output never returned)",
+      ("tests/engine/test_request_errors.py",), (ABORT_CONF,)),
 )
 
 

@@ -571,6 +571,11 @@ MUTANTS: tuple[Mutant, ...] = (
             self.scheduler.finish(s, "abort")''',
       "aborting a request with n > 1 aborts its first sample only (the others run on, its output never returned)",
       ("tests/engine/test_request_errors.py",), (ABORT_CONF,)),
+    M("eos-config-list-first-only", "nanovllm_ref/config.py",
+      '"eos_token_id": tuple(eos) if isinstance(eos, list) else eos,',
+      '"eos_token_id": eos[0] if isinstance(eos, list) else eos,',
+      "config.json's eos_token_id list read as its first id only (generation_config.json's list still honoured)",
+      (ENGINE,), ("conformance/test_eos.py",)),
 )
 
 

@@ -80,6 +80,7 @@ DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
 SERVE_TESTS = "tests/serve/test_openai_client.py"
+EDGES_CONF = "conformance/test_sampling_edges.py"  # extreme filters, filters with penalties, min_tokens alone
 ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generation
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 
@@ -576,6 +577,18 @@ MUTANTS: tuple[Mutant, ...] = (
       '"eos_token_id": eos[0] if isinstance(eos, list) else eos,',
       "config.json's eos_token_id list read as its first id only (generation_config.json's list still honoured)",
       (ENGINE,), ("conformance/test_eos.py",)),
+    M("top-p-tiny-drops-every-token", "nanovllm_ref/layers/sampler.py", "    drop[:, -1] = False\n", "",
+      "top-p does not keep the most likely token explicitly: a tiny top_p (1 - top_p rounds to 1) drops them all",
+      (SAMPLING,), (EDGES_CONF,)),
+    M("processed-rows-ignore-top-p", "nanovllm_ref/layers/logits_processing.py",
+      "filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)",
+      "filters = any(r.params.top_k > 0 for r in rows)",
+      "rows with penalties, logit_bias or min_p (the torch path) ignore top_p unless they also have top_k",
+      ("tests/layers/test_logits_processing.py",), (EDGES_CONF,)),
+    M("min-tokens-alone-not-processed", "nanovllm_ref/sampling_params.py",
+      "self.min_p > 0 or self.min_tokens > 0 or", "self.min_p > 0 or",
+      "min_tokens alone does not take the processing path: its stop tokens are never masked",
+      ("tests/layers/test_logits_processing.py",), (EDGES_CONF,)),
 )
 
 

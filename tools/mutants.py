@@ -589,6 +589,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.min_p > 0 or self.min_tokens > 0 or", "self.min_p > 0 or",
       "min_tokens alone does not take the processing path: its stop tokens are never masked",
       ("tests/layers/test_logits_processing.py",), (EDGES_CONF,)),
+    M("prefix-cache-uncached-freed-last", "nanovllm_ref/engine/block_manager.py",
+      "self.free_queue.move_to_end(block_id, last=False)", "pass",
+      "a freed block holding nothing cached (a partial last block) queues behind cached blocks, which are evicted "
+      "before it", (BLOCKS,), (CACHE_CONF,)),
 )
 
 

@@ -593,6 +593,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.free_queue.move_to_end(block_id, last=False)", "pass",
       "a freed block holding nothing cached (a partial last block) queues behind cached blocks, which are evicted "
       "before it", (BLOCKS,), (CACHE_CONF,)),
+    M("sampler-kernel-finite-of-best-chunk", "nanovllm_ref/kernels/sampling.py",
+      "tl.min(finite, axis=0).to(tl.int64)", "tl.sum(tl.where(offs == best, finite, 0), axis=0).to(tl.int64)",
+      "Triton sampler: a row's finite flag is its best chunk's, so a NaN elsewhere in a large vocabulary passes",
+      ("tests/kernels/test_kernel_sampling.py",), kernels("gumbel_sample")),
 )
 
 

@@ -319,6 +319,20 @@ def _sampling_across_splits(device: str) -> tuple:
     return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
 
 
+def _sampling_nonfinite_outside_best_chunk(device: str) -> tuple:
+    """The vocabulary of several chunks again, with a NaN, a -inf (a top-k / top-p mask) and a +inf in chunks other
+    than the one holding the row's best entry: a row's finite flag is that of all its chunks, not of the winner's."""
+    gen = torch.Generator().manual_seed(13)
+    logits = torch.randn(4, 20011, generator=gen) * 3
+    logits[0, 3], logits[0, 15000] = 50.0, float("nan")
+    logits[1, 20010], logits[1, 9000] = 50.0, float("-inf")
+    logits[2, 9500], logits[2, 100] = 50.0, float("-inf")
+    logits[3, 19000] = float("inf")
+    temperature = torch.tensor([0.0, 0.7, 0.0, 1.0])
+    seeds, counters = torch.tensor([3, 1 << 35, -11, 8]), torch.tensor([1, 9, 2**33 + 1, 4])
+    return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
+
+
 def _sampling_noise_decides(device: str) -> tuple:
     """1,024 rows of 64 logits at temperature 1: a row's best two scores often differ by less than 1e-2, so a Gumbel
     noise that is off by that much where it is large (u near 1, the values that win) draws other tokens."""
@@ -352,7 +366,8 @@ def _norm_with_residual(dtype: torch.dtype) -> Callable[[str], tuple]:
 FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "decode_attention": {"every-split-every-kv-head-float32": _decode_every_split(torch.float32),
                          "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
-    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides},
+    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides,
+                      "nonfinite-outside-best-chunk": _sampling_nonfinite_outside_best_chunk},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
     "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
                  "residual-float16": _norm_with_residual(torch.float16)},

@@ -597,6 +597,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "tl.min(finite, axis=0).to(tl.int64)", "tl.sum(tl.where(offs == best, finite, 0), axis=0).to(tl.int64)",
       "Triton sampler: a row's finite flag is its best chunk's, so a NaN elsewhere in a large vocabulary passes",
       ("tests/kernels/test_kernel_sampling.py",), kernels("gumbel_sample")),
+    M("gemm-kernel-split-past-k", "nanovllm_ref/kernels/matmul.py", "k_hi = tl.minimum(K, k_lo + K_SPLIT)",
+      "k_hi = k_lo + K_SPLIT", "batch-invariant GEMM: the last K split runs a full K_SPLIT, past K (the next row's "
+      "weights) where the splits do not divide K", (INVARIANT_TESTS,), kernels("invariant_linear")),
 )
 
 

@@ -36,6 +36,7 @@ from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
 from ..kernels.store_kv import store_kv_reference
+from . import gemm
 from .mismatch import Described, KernelMismatch, check_equal, check_same_layout, triton_unavailable, worst_element
 from .strategies import RELATIVE_TOLERANCE, PagedBatch, make_paged_batch, paged_batches, relative_error
 
@@ -283,6 +284,10 @@ def _plain_check(out, ref, inputs) -> None:
     _close(out, ref, inputs[0].dtype, 0.1)
 
 
+def _linear_check(out, ref, inputs) -> None:
+    _close(out, ref, inputs[0].dtype)  # (the BLAS reference and the kernel sum K in different orders)
+
+
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("prefill_attention", _attention_inputs(False), _prefill_call, _attention_check,
                prefill_attention_reference),
@@ -295,6 +300,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("fused_moe", _moe_inputs, _plain_call, _moe_check, fused_moe_ref),
     KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
     KernelSpec("qkv_epilogue", _epilogue_inputs, _epilogue_call, _epilogue_check, qkv_epilogue_reference),
+    KernelSpec("invariant_linear", gemm.linear_inputs, _plain_call, _linear_check, gemm.invariant_linear_reference),
 )}
 
 
@@ -369,6 +375,7 @@ FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides,
                       "nonfinite-outside-best-chunk": _sampling_nonfinite_outside_best_chunk},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
+    "invariant_linear": {"engine-split-layer": gemm.engine_split_layer},
     "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
                  "residual-float16": _norm_with_residual(torch.float16)},
 }
@@ -423,5 +430,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),
         KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue, triton_unavailable),
+        *gemm.candidates(triton_unavailable),
         *backend_candidates(SdpaBackend, "sdpa"),
     ]

@@ -600,6 +600,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("gemm-kernel-split-past-k", "nanovllm_ref/kernels/matmul.py", "k_hi = tl.minimum(K, k_lo + K_SPLIT)",
       "k_hi = k_lo + K_SPLIT", "batch-invariant GEMM: the last K split runs a full K_SPLIT, past K (the next row's "
       "weights) where the splits do not divide K", (INVARIANT_TESTS,), kernels("invariant_linear")),
+    M("decode-kernel-partials-by-program", "nanovllm_ref/kernels/decode_attention.py",
+      "row = (seq.to(tl.int64) * (group * num_kv_heads) + heads) * num_splits + split",
+      "row = ((pid // (num_splits * num_kv_heads)).to(tl.int64) * (group * num_kv_heads) + heads) * num_splits"
+      " + split", "Triton split-K decode: partials stored by the program's place, not its sequence (right only "
+      "when the engine's longest-first order is the identity)", (KERNEL_ATTN,), kernels("decode_attention")),
 )
 
 

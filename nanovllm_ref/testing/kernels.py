@@ -420,8 +420,14 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
                                                      num_splits=splits)
         return decode
 
+    def longest_first(q, k_cache, v_cache, block_tables, seq_lens, scale):  # the engine's order (engine/staging.py)
+        return decode_attention.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=3,
+                                                 order=torch.argsort(-seq_lens.long(), stable=True))
+
     candidates = [KernelCandidate("decode_attention", f"triton-splits-{n or 'auto'}", decode_with(n),
                                   triton_unavailable) for n in (None, 1, 3)]
+    candidates.append(KernelCandidate("decode_attention", "triton-splits-3-longest-first", longest_first,
+                                      triton_unavailable))
     return candidates + [
         KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention, triton_unavailable),
         KernelCandidate("store_kv", "triton", store_kv.store_kv, triton_unavailable),

@@ -605,6 +605,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "row = ((pid // (num_splits * num_kv_heads)).to(tl.int64) * (group * num_kv_heads) + heads) * num_splits"
       " + split", "Triton split-K decode: partials stored by the program's place, not its sequence (right only "
       "when the engine's longest-first order is the identity)", (KERNEL_ATTN,), kernels("decode_attention")),
+    M("fp8-prefill-v-scale-from-k", "nanovllm_ref/kernels/prefill_attention.py",
+      "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + kvh)",
+      "FP8 KV Triton prefill: the output scaled by the K scale instead of the V scale", (FP8_KERNELS,),
+      FP8_KERNEL_CHECK),
 )
 
 

@@ -135,7 +135,7 @@ def test_uncached_blocks_are_reused_first(cache_engine) -> None:
     adapter, vocab = cache_engine
     reset = getattr(adapter, "reset_prefix_cache", None)
     if not callable(reset):
-        pytest.skip(f"engine {adapter.name}: the case needs a cold cache (the adapter's reset_prefix_cache)")
+        pytest.skip(f"engine {adapter.name}: a cold cache needs reset_prefix_cache (oracle/adapters.py)")
     reset()
     segments, rng = _prompts(vocab)
     got = [_cached(adapter, segments[name] + [rng.randrange(3, vocab)], max_tokens)

@@ -609,6 +609,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + kvh)",
       "FP8 KV Triton prefill: the output scaled by the K scale instead of the V scale", (FP8_KERNELS,),
       FP8_KERNEL_CHECK),
+    M("prefix-cache-copy-lost-on-eviction", "nanovllm_ref/engine/block_manager.py",
+      "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
+      "evicting the cached one of two blocks with the same content loses it, though the other still holds it",
+      (BLOCKS,), (CACHE_CONF,)),
 )
 
 

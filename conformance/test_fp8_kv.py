@@ -118,6 +118,31 @@ def test_fp8_kv_kernels(options, d, q_dtype) -> None:
         want = torch.einsum("hk,khd->hd", p, vv)
         err = ((out[s] - want).abs().max() / (want.abs().max() if q_dtype != "float32" else 1.0)).item()
         assert err < bound, f"decode over the fp8 cache, sequence {s}: error {err:.2e}"
+    _check_fp8_prefill(q_dtype, device, caches, tables, ctx, scales, kq, vq, heads, bound)
+
+
+def _check_fp8_prefill(q_dtype: str, device: str, caches, tables, ctx, scales, kq, vq, heads: int, bound: float):
+    """The Triton prefill kernel over the same fp8 cache: the last CHUNK tokens of each sequence as queries after
+    their cached prefix (a prefix-cache hit, a chunked prefill), causal, against float32 attention over
+    fake_quant's K/V (the V scale differs from the K scale on every head)."""
+    import torch
+
+    from nanovllm_ref.kernels.prefill_attention import prefill_attention
+
+    chunk, d = 5, kq.shape[-1]
+    q = torch.randn(chunk * len(ctx), heads, d, generator=torch.Generator().manual_seed(1)).to(getattr(torch, q_dtype))
+    starts = torch.arange(len(ctx) + 1, dtype=torch.int32) * chunk
+    out = prefill_attention(q.to(device), *caches, starts.to(device), torch.tensor(ctx, dtype=torch.int32).to(device),
+                            tables.to(device), d**-0.5, kv_scales=scales.to(device)).float().cpu()
+    group = heads // kq.shape[1]
+    for s, (begin, c) in enumerate(zip([0, ctx[0]], ctx)):
+        kk, vv = (x[begin: begin + c].repeat_interleave(group, 1) for x in (kq, vq))  # (c, heads, d)
+        scores = torch.einsum("qhd,khd->hqk", q[s * chunk:(s + 1) * chunk].float(), kk) * d**-0.5
+        causal = torch.arange(c)[None, :] <= torch.arange(c - chunk, c)[:, None]  # (chunk, c)
+        want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), vv)
+        got = out[s * chunk:(s + 1) * chunk]
+        err = ((got - want).abs().max() / (want.abs().max() if q_dtype != "float32" else 1.0)).item()
+        assert err < bound, f"prefill over the fp8 cache, sequence {s}: error {err:.2e}"
 
 
 def test_fp8_kv(model_spec, dtype, options, engines, record, tier_root) -> None:

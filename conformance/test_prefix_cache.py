@@ -118,3 +118,55 @@ def test_cached_tokens_after_preemption(cache_engine) -> None:
     if None in got:
         pytest.skip(f"engine {adapter.name} reports no cached prompt tokens")
     assert got == [0, 0], f"fresh prompts report {got} cached tokens (a recompute after preemption counted?)"
+
+
+# Blocks that hold nothing a later request can hit (a request's partial last block) are handed out before every
+# cached one (vLLM's BlockPool.free_blocks puts them at the head of the free queue, nanovllm_ref's BlockManager.free
+# too). From a cold cache ("_": never used; "p": a partial block):
+UNCACHED_FIRST = (
+    ("B", BLOCK_SIZE, 0),  # B fills its own block: _ _ _ _ _ _ xB B3 B2 B1 B0
+    ("A", 1, 0),           # A's own block stays partial, handed out first: pA _ xB B3 B2 B1 B0 A3 A2 A1 A0
+    ("D", 1, 0),           # 3 blocks: pA _ xB (had pA gone to the tail, B3 would be evicted here)
+    ("B", 1, 4),           # all of B still cached
+)
+
+
+def test_uncached_blocks_are_reused_first(cache_engine) -> None:
+    adapter, vocab = cache_engine
+    reset = getattr(adapter, "reset_prefix_cache", None)
+    if not callable(reset):
+        pytest.skip(f"engine {adapter.name}: a cold cache needs reset_prefix_cache (oracle/adapters.py)")
+    reset()
+    segments, rng = _prompts(vocab)
+    got = [_cached(adapter, segments[name] + [rng.randrange(3, vocab)], max_tokens)
+           for name, max_tokens, _ in UNCACHED_FIRST]
+    want = [blocks * BLOCK_SIZE for _, _, blocks in UNCACHED_FIRST]
+    assert got == want, (f"cached prompt tokens {got}, expected {want}: a partial (uncached) block freed is reused "
+                         "before cached blocks")
+
+
+# Two blocks with the same content: a request with prompt logprobs looks nothing up (every prompt position must be
+# computed) but leaves its blocks cached like any other, so they hold the same content as an earlier request's.
+# Evicting the earlier copies must leave the content findable in the later ones (vLLM's BlockPool maps a hash to
+# every block that holds it). From a cold cache:
+TWINS = (
+    ("D", {}, 0),                     # D0 D1 + a partial block: pD _ x8 D1 D0
+    ("D", {"prompt_logprobs": 1}, 0),  # no lookup; its copies D0' D1': p _ x6 D1 D0 D1' D0'
+    (None, {}, 0),                    # 8 fresh blocks + a partial one take p, the 6 never used, D1 and D0
+    ("D", {}, 2),                     # D0' D1' hit
+)
+
+
+def test_a_copy_keeps_evicted_content_findable(cache_engine) -> None:
+    adapter, vocab = cache_engine
+    reset = getattr(adapter, "reset_prefix_cache", None)
+    if not callable(reset):
+        pytest.skip(f"engine {adapter.name}: a cold cache needs reset_prefix_cache (oracle/adapters.py)")
+    reset()
+    segments, rng = _prompts(vocab)
+    fresh = [rng.randrange(3, vocab) for _ in range(8 * BLOCK_SIZE)]
+    got = [_cached(adapter, (segments[name] if name else fresh) + [rng.randrange(3, vocab)], 1, **extra)
+           for name, extra, _ in TWINS]
+    want = [blocks * BLOCK_SIZE for _, _, blocks in TWINS]
+    assert got == want, (f"cached prompt tokens {got}, expected {want}: evicting one of two blocks holding the same "
+                         "content must leave the other findable")

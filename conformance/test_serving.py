@@ -1,8 +1,11 @@
 """OpenAI-server behaviour any server under `--engine openai:URL` should have (vLLM's does): bad integers and
 unknown models are refused with a JSON error (or served) and the server goes on serving; a greedy stream gives
-the same tokens and text as the whole response; a stop string ends the text where vLLM trims it.
+the same tokens and text as the whole response; a stop string ends the text where vLLM trims it; a streamed
+completion or chat completion with logprobs equals the whole response (text, token ids, logprobs, top logprobs,
+``text_offset`` numbered across chunks as in vLLM, finish_reason).
 
-Runs only with an `openai:` engine (an in-process engine has no HTTP surface); stdlib HTTP only.
+Runs with an `openai:` engine, and with the default `nanovllm_ref` engine against nanovllm_ref's own server
+(conformance/local_server.py); other in-process engines have no HTTP surface. Stdlib HTTP only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import urllib.request
 
 import pytest
 
-from .harness import Options
+from .harness import Options, selected_models
+from .local_server import local_server
 
 REFERENCE_FREE = True  # runs under --reference none
 
@@ -21,16 +25,22 @@ PROMPT = [9, 10, 11, 12, 13]  # token ids inside every golden vocabulary
 
 
 @pytest.fixture(scope="module")
-def server(options: Options) -> tuple[str, str]:
+def server(options: Options, pytestconfig: pytest.Config) -> tuple[str, str]:
+    if options.engine == "nanovllm_ref":
+        model = next((m for m in selected_models(pytestconfig) if m.name == "qwen3-tiny"),
+                     selected_models(pytestconfig)[0])
+        with local_server(model.path, model.name, **dict(options.engine_args)) as base:
+            yield base, model.name
+        return
     if not options.engine.startswith("openai:"):
         pytest.skip("an HTTP-serving check: run with --engine openai:URL")
     base = options.engine.split(":", 1)[1].rstrip("/")
     with urllib.request.urlopen(f"{base}/models", timeout=30) as r:
-        return base, json.load(r)["data"][0]["id"]
+        yield base, json.load(r)["data"][0]["id"]
 
 
-def _post(base: str, body: dict) -> tuple[int, bytes]:
-    req = urllib.request.Request(f"{base}/completions", data=json.dumps(body).encode(),
+def _post(base: str, body: dict, route: str = "completions") -> tuple[int, bytes]:
+    req = urllib.request.Request(f"{base}/{route}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
@@ -95,3 +105,85 @@ def test_a_stop_string_is_trimmed_from_the_text(server):
     assert status == 200, body[:500]
     choice = json.loads(body)["choices"][0]
     assert choice["text"] == full[:full.index(stop)] and choice["finish_reason"] == "stop"
+
+
+def _events(body: bytes) -> list[dict]:
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", body[-500:]
+    return [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e).get("choices")]
+
+
+def _same_logprobs(streamed: list[float | None], whole: list[float | None]) -> bool:
+    """Logprob values of two runs of one greedy request (a prefix-cache hit may change their last bits)."""
+    return len(streamed) == len(whole) and all(
+        (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-3) for a, b in zip(streamed, whole))
+
+
+def _same_top(streamed: list[dict | None], whole: list[dict | None]) -> bool:
+    return len(streamed) == len(whole) and all(
+        (a is None) == (b is None) and (a is None or (a.keys() == b.keys() and _same_logprobs(
+            [a[k] for k in a], [b[k] for k in a]))) for a, b in zip(streamed, whole))
+
+
+def test_a_streamed_completion_with_logprobs_equals_the_whole_response(server):
+    """text, token ids, tokens, logprobs, top logprobs, text_offset (each chunk's numbered from the text sent
+    before it, vLLM's initial_text_offset) and finish_reason of the chunks, joined, are the whole response's."""
+    base, model = server
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    status, raw = _post(base, body)
+    assert status == 200, raw[:500]
+    whole = json.loads(raw)["choices"][0]
+    status, raw = _post(base, {**body, "stream": True})
+    assert status == 200, raw[:500]
+    chunks = _events(raw)
+    joined = {key: [x for c in chunks if c.get("logprobs") for x in c["logprobs"][key]]
+              for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    lps, wrong = whole["logprobs"], []
+    if "".join(c["text"] for c in chunks) != whole["text"]:
+        wrong.append(f"text {''.join(c['text'] for c in chunks)!r}, whole {whole['text']!r}")
+    if "token_ids" in whole and [t for c in chunks for t in c.get("token_ids") or []] != whole["token_ids"]:
+        wrong.append(f"token_ids {[t for c in chunks for t in c.get('token_ids') or []]}, whole {whole['token_ids']}")
+    if joined["tokens"] != lps["tokens"]:
+        wrong.append(f"tokens {joined['tokens']}, whole {lps['tokens']}")
+    if not _same_logprobs(joined["token_logprobs"], lps["token_logprobs"]):
+        wrong.append(f"token_logprobs {joined['token_logprobs']}, whole {lps['token_logprobs']}")
+    if not _same_top(joined["top_logprobs"], lps["top_logprobs"]):
+        wrong.append(f"top_logprobs {joined['top_logprobs']}, whole {lps['top_logprobs']}")
+    # vLLM numbers a chunk's offsets from the text streamed before it, the whole response's from the token strings:
+    # the two agree where the token strings spell the text (no token ends inside a character)
+    if "".join(lps["tokens"]) == whole["text"] and "\ufffd" not in whole["text"]:
+        if joined["text_offset"] != lps["text_offset"]:
+            wrong.append(f"text_offset {joined['text_offset']}, whole {lps['text_offset']}")
+    finish = [c["finish_reason"] for c in chunks if c.get("finish_reason")]
+    if finish != [whole["finish_reason"]]:
+        wrong.append(f"finish_reason of the chunks {finish}, whole {whole['finish_reason']!r}")
+    assert not wrong, "streamed /v1/completions differs from the whole response:\n  " + "\n  ".join(wrong)
+
+
+def test_a_streamed_chat_completion_with_logprobs_equals_the_whole_response(server):
+    base, model = server
+    body = {"model": model, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 10,
+            "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    status, raw = _post(base, body, "chat/completions")
+    if status == 400 and b"template" in raw:
+        pytest.skip(f"the server has no chat template: {raw[:300]!r}")
+    assert status == 200, raw[:500]
+    whole = json.loads(raw)["choices"][0]
+    status, raw = _post(base, {**body, "stream": True}, "chat/completions")
+    assert status == 200, raw[:500]
+    chunks = _events(raw)
+    text = "".join(c.get("delta", {}).get("content") or "" for c in chunks)
+    content = [x for c in chunks if c.get("logprobs") for x in c["logprobs"].get("content") or []]
+    expected, wrong = whole["logprobs"]["content"], []
+    if text != whole["message"]["content"]:
+        wrong.append(f"content {text!r}, whole {whole['message']['content']!r}")
+    if [e["token"] for e in content] != [e["token"] for e in expected]:
+        wrong.append(f"tokens {[e['token'] for e in content]}, whole {[e['token'] for e in expected]}")
+    elif not _same_logprobs([e["logprob"] for e in content], [e["logprob"] for e in expected]) or not _same_top(
+            [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in content],
+            [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in expected]):
+        wrong.append(f"logprobs {content}, whole {expected}")
+    finish = [c["finish_reason"] for c in chunks if c.get("finish_reason")]
+    if finish != [whole["finish_reason"]]:
+        wrong.append(f"finish_reason of the chunks {finish}, whole {whole['finish_reason']!r}")
+    assert not wrong, "streamed /v1/chat/completions differs from the whole response:\n  " + "\n  ".join(wrong)

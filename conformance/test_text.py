@@ -7,7 +7,9 @@ with byte fallback; with ``--model``, each named one). What each request must re
 reference's tokens by nanovllm_ref/oracle/text_reference.py (vLLM's policy, the reference tokenizer):
 
 * golden greedy trajectories of two prompts: plain, special tokens kept; a stop string spanning two tokens
-  (listed after one that never occurs), with and without include_stop_str_in_output, completed by the last
+  (listed after one that never occurs), with and without include_stop_str_in_output; two stop strings one
+  token completes (one across its boundary, listed first, the rest of its text after it: the first must win and
+  neither stay in the text), the spanning one completed by the last
   allowed token, completed inside min_tokens (no stop there), begun inside min_tokens and completed after it
   (a stop); a stop token id (its text left out, or kept with include_stop_str_in_output); n=3 (top_k=1: vLLM
   refuses n > 1 with greedy sampling);
@@ -45,9 +47,11 @@ DTYPE = "float32"
 LEN = 16  # tokens of the greedy cases
 PROMPTS = ("short_12", "block_17", "block_33", "long_70", "short_8", "block_15", "long_130")  # two without EOS
 SPLIT_CHARS = "éöüñß—€☃中文😀🙂"  # characters some tokenizer splits over byte tokens
-STREAMED = ("plain", "stop-spanning", "stop-spanning-include", "stop-across-min-tokens", "stop-token-id",
+STREAMED = ("plain", "stop-spanning", "stop-spanning-include", "stop-two-in-one-token", "stop-across-min-tokens",
+            "stop-token-id",
             "forced-eos-keep-special", "forced-split-char", "forced-split-char-include", "sampled-split-chars-n3")
-CASES = ("plain", "plain-keep-special", "stop-spanning", "stop-spanning-include", "stop-on-last-token",
+CASES = ("plain", "plain-keep-special", "stop-spanning", "stop-spanning-include", "stop-two-in-one-token",
+         "stop-on-last-token",
          "stop-inside-min-tokens", "stop-across-min-tokens", "stop-token-id", "stop-token-id-include", "n3-stop",
          "forced-eos", "forced-eos-keep-special", "forced-eos-include", "forced-eos-no-spaces", "forced-split-char",
          "forced-split-char-include", "sampled-split-chars-n3")
@@ -123,6 +127,11 @@ class TextRun:
                 self.missing[case] = "no two neighbouring tokens with text on both sides"
             else:
                 self._add(case, prompt, traj, **{**greedy, "stop": ["\x00never", stop], **extra})
+        pair = two_stops_in_one_token(self.rt.pieces(prompt, traj[:LEN], TextRules()))
+        if pair is None:
+            self.missing["stop-two-in-one-token"] = "no token with text on both sides of a boundary and after it"
+        else:  # listed in text order (vLLM takes the first listed that occurs, nanovllm_ref the earliest)
+            self._add("stop-two-in-one-token", prompt, traj, **greedy, stop=["\x00never", *pair])
         k = next((i for i in range(3, len(traj)) if traj[i] not in traj[:i]), None)
         for case, extra in (("stop-token-id", {}), ("stop-token-id-include", {"include_stop_str_in_output": True})):
             if k is None:
@@ -179,6 +188,21 @@ def spanning_stop(pieces: list[str]) -> tuple[str | None, int]:
             if text.find(stop) == len(before) - 1:
                 return stop, j
     return None, -1
+
+
+def two_stops_in_one_token(pieces: list[str]) -> tuple[str, str] | None:
+    """Two stop strings one token completes, both first occurring there: A across the boundary before it, B the
+    rest of its text after A. A must win, and none may stay in the text (a search for stops only at the end of
+    the text finds B alone and leaves A in)."""
+    text = "".join(pieces)
+    for j in range(1, len(pieces)):
+        before, piece = "".join(pieces[:j]), pieces[j]
+        k = 1 if piece[:1].strip() else 2  # a word-level token begins with its space
+        a, b = before[-1:] + piece[:k], piece[k:]
+        if (before[-1:].strip() and piece[k - 1:k].strip() and b.strip() and text.find(a) == len(before) - 1
+                and text.find(b) == len(before) + k):
+            return a, b
+    return None
 
 
 def split_characters(rt: ReferenceText) -> list[tuple[int, int]]:

@@ -78,6 +78,11 @@ INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exa
 INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
 DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the rope_scaling dialect
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
+ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
+SERVE_TESTS = "tests/serve/test_openai_client.py"
+EDGES_CONF = "conformance/test_sampling_edges.py"  # extreme filters, filters with penalties, min_tokens alone
+ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generation
+SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 
 
 M = Mutant
@@ -545,6 +550,70 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return out.view(*shape[:-1], n)",
       "batch-invariant GEMM (CUDA): steps of 2-64 rows take a split-K product (two halves of K summed)",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
+    # the blind spots of a held-out audit: each caught by a check any engine runs
+    M("serve-stream-text-offset-restarts", ROUTES, "start, offsets.get(c.index, 0))", "start)",
+      "streamed /v1/completions with logprobs: each chunk's text_offset restarts at 0 (non-streamed is right)",
+      (SERVE_TESTS,), (SERVING_CONF,)),
+    M("serve-chat-stream-logprobs-repeated", ROUTES, '"logprobs": _chat_logprobs(served, c, start, top),',
+      '"logprobs": _chat_logprobs(served, c, 0, top),',
+      "streamed chat completions: each chunk's logprobs repeat every token from the first", (SERVE_TESTS,),
+      (SERVING_CONF,)),
+    M("text-stop-found-only-at-the-end", DETOK, "self.text.find(s, max(0, new_from - len(s) + 1))",
+      "self.text.find(s, max(0, len(self.text) - len(s)))",
+      "stop strings searched only where they would end the text: of two one token completes, the later wins and "
+      "the earlier stays in the text", (DETOK_TESTS,), (TEXT_CONF,)),
+    M("seed-zero-unseeded", ENGINE_PY, "params.seed if params.seed is not None else", "params.seed if params.seed else",
+      "a request seeded 0 is taken as unseeded (a fresh draw of the engine's generator)", (STEPS_CONF,), (SEEDS_CONF,)),
+    M("seed-engine-seed-ignored", ENGINE_PY, "self._rng = random.Random(config.seed)", "self._rng = random.Random()",
+      "the engine-level seed is ignored: unseeded requests draw differently on every instance", (STEPS_CONF,),
+      (SEEDS_CONF,)),
+    M("abort-first-sample-only", ENGINE_PY, '''        for s in seq.group or [seq]:
+            self.scheduler.finish(s, "abort")''',
+      '''        for s in [seq]:
+            self.scheduler.finish(s, "abort")''',
+      "aborting a request with n > 1 aborts its first sample only (the others run on, its output never returned)",
+      ("tests/engine/test_request_errors.py",), (ABORT_CONF,)),
+    M("eos-config-list-first-only", "nanovllm_ref/config.py",
+      '"eos_token_id": tuple(eos) if isinstance(eos, list) else eos,',
+      '"eos_token_id": eos[0] if isinstance(eos, list) else eos,',
+      "config.json's eos_token_id list read as its first id only (generation_config.json's list still honoured)",
+      (ENGINE,), ("conformance/test_eos.py",)),
+    M("top-p-tiny-drops-every-token", "nanovllm_ref/layers/sampler.py", "    drop[:, -1] = False\n", "",
+      "top-p does not keep the most likely token explicitly: a tiny top_p (1 - top_p rounds to 1) drops them all",
+      (SAMPLING,), (EDGES_CONF,)),
+    M("processed-rows-ignore-top-p", "nanovllm_ref/layers/logits_processing.py",
+      "filters = any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows)",
+      "filters = any(r.params.top_k > 0 for r in rows)",
+      "rows with penalties, logit_bias or min_p (the torch path) ignore top_p unless they also have top_k",
+      ("tests/layers/test_logits_processing.py",), (EDGES_CONF,)),
+    M("min-tokens-alone-not-processed", "nanovllm_ref/sampling_params.py",
+      "self.min_p > 0 or self.min_tokens > 0 or", "self.min_p > 0 or",
+      "min_tokens alone does not take the processing path: its stop tokens are never masked",
+      ("tests/layers/test_logits_processing.py",), (EDGES_CONF,)),
+    M("prefix-cache-uncached-freed-last", "nanovllm_ref/engine/block_manager.py",
+      "self.free_queue.move_to_end(block_id, last=False)", "pass",
+      "a freed block holding nothing cached (a partial last block) queues behind cached blocks, which are evicted "
+      "before it", (BLOCKS,), (CACHE_CONF,)),
+    M("sampler-kernel-finite-of-best-chunk", "nanovllm_ref/kernels/sampling.py",
+      "tl.min(finite, axis=0).to(tl.int64)", "tl.sum(tl.where(offs == best, finite, 0), axis=0).to(tl.int64)",
+      "Triton sampler: a row's finite flag is its best chunk's, so a NaN elsewhere in a large vocabulary passes",
+      ("tests/kernels/test_kernel_sampling.py",), kernels("gumbel_sample")),
+    M("gemm-kernel-split-past-k", "nanovllm_ref/kernels/matmul.py", "k_hi = tl.minimum(K, k_lo + K_SPLIT)",
+      "k_hi = k_lo + K_SPLIT", "batch-invariant GEMM: the last K split runs a full K_SPLIT, past K (the next row's "
+      "weights) where the splits do not divide K", (INVARIANT_TESTS,), kernels("invariant_linear")),
+    M("decode-kernel-partials-by-program", "nanovllm_ref/kernels/decode_attention.py",
+      "row = (seq.to(tl.int64) * (group * num_kv_heads) + heads) * num_splits + split",
+      "row = ((pid // (num_splits * num_kv_heads)).to(tl.int64) * (group * num_kv_heads) + heads) * num_splits"
+      " + split", "Triton split-K decode: partials stored by the program's place, not its sequence (right only "
+      "when the engine's longest-first order is the identity)", (KERNEL_ATTN,), kernels("decode_attention")),
+    M("fp8-prefill-v-scale-from-k", "nanovllm_ref/kernels/prefill_attention.py",
+      "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + kvh)",
+      "FP8 KV Triton prefill: the output scaled by the K scale instead of the V scale", (FP8_KERNELS,),
+      FP8_KERNEL_CHECK),
+    M("prefix-cache-copy-lost-on-eviction", "nanovllm_ref/engine/block_manager.py",
+      "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
+      "evicting the cached one of two blocks with the same content loses it, though the other still holds it",
+      (BLOCKS,), (CACHE_CONF,)),
 )
 
 

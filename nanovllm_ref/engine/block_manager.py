@@ -4,7 +4,9 @@ Prefix cache (as in vLLM's automatic prefix caching): a full block's key is a ch
 hash and its token ids (Python's 64-bit tuple hash: deterministic for ints, and a third of the cost of packing
 the ids for xxhash), and a hit is confirmed by comparing tokens and parent hash exactly, so a hash collision can
 never serve wrong KV, only cost a miss. Freed blocks keep their content and stay findable until the free queue
-hands them out again, least-recently-freed first; handing a block out drops its stale hash entry.
+hands them out again, least-recently-freed first; handing a block out drops its stale hash entry, which passes to
+a copy of the same content where one is cached (two requests that computed it side by side, one with prompt
+logprobs), as vLLM's BlockPool keeps every block of a hash findable.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class BlockManager:
         # Free blocks in eviction order: the first one is handed out (and its cached content evicted) first.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        # hash -> other blocks holding the same content (computed side by side), oldest first: one takes over when
+        # the cached one is evicted, so the content stays findable while a copy holds it (vLLM keeps them all)
+        self.copies: dict[int, list[int]] = {}
         self.num_hits = self.num_queries = 0  # in blocks, for statistics and tests
 
     @property
@@ -95,8 +100,15 @@ class BlockManager:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict: the content is about to be overwritten
+            copies = self.copies.get(block.hash, [])
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
+                if copies:
+                    self.cached[block.hash] = copies.pop(0)
+            elif block_id in copies:
+                copies.remove(block_id)
+            if not copies:
+                self.copies.pop(block.hash, None)
             block.hash, block.parent_hash, block.token_ids = None, 0, ()
         block.ref_count = 1
         return block_id
@@ -113,11 +125,13 @@ class BlockManager:
                 block = self.blocks[seq.block_table[i]]
                 if self.enable_prefix_caching and block.hash is None:
                     block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-                    self.cached.setdefault(h, block.block_id)
+                    if self.cached.setdefault(h, block.block_id) != block.block_id:
+                        self.copies.setdefault(h, []).append(block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (benchmarks use it so a round cannot hit the previous round's prompts)."""
         self.cached.clear()
+        self.copies.clear()
         for block in self.blocks:
             if block.ref_count == 0:
                 block.hash, block.parent_hash, block.token_ids = None, 0, ()

@@ -156,6 +156,22 @@ class NanovllmRefAdapter:
         return [[StreamedCompletion(c, p) for c, p in zip(self._completions(joined[rid]), pieces[rid])]
                 for rid in rids]
 
+    def abort_requests(self, requests: list[RequestSpec], after_steps: int) -> list[list[Completion] | None]:
+        """The requests added together, ``after_steps`` engine steps run, then every unfinished one aborted; each
+        request's completions (finished or aborted), None where the abort returned no output (see
+        oracle/requests.py). The engine then runs until it is idle."""
+        params = self._params(requests)
+        rids = [self.llm.add_request(list(r.prompt), p) for r, p in zip(requests, params)]
+        done: dict[str, Any] = {}
+        for _ in range(after_steps):
+            done.update((o.request_id, o) for o in self.llm.step())
+        for rid in rids:
+            if rid not in done:
+                done[rid] = self.llm.abort_request(rid)
+        while self.llm.has_unfinished():  # nothing may be left running; what is would end here
+            self.llm.step()
+        return [None if done[rid] is None else self._completions(done[rid]) for rid in rids]
+
     @staticmethod
     def prefix_cache_kwargs(block_size: int, num_blocks: int, max_model_len: int) -> dict[str, Any]:
         """Engine kwargs for a prefix cache of ``num_blocks`` usable blocks (the cached-tokens capability:

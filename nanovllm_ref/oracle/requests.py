@@ -16,6 +16,10 @@ and ``stop_reason`` (:data:`UNREPORTED` unless the engine reports it); ``stream_
 streamed: each completion with the text pieces in the order the engine sent them). An adapter without one has the
 cases that need it skipped with the reason.
 
+Abort (optional, conformance/test_abort.py): ``abort_requests(requests, after_steps)`` adds the requests
+together, runs ``after_steps`` engine steps, aborts every unfinished request and returns each one's completions
+(an aborted sample's ``finish_reason`` is ``"abort"``, vLLM's), None where the abort returned no output.
+
 Cached tokens (optional): a completion's ``num_cached_tokens`` is the prompt tokens the engine's prefix cache
 served (None: not reported). The prefix-cache accounting cases (conformance/test_prefix_cache.py) also need the
 adapter's factory to have ``prefix_cache_kwargs(block_size, num_blocks, max_model_len) -> dict``, the factory
@@ -95,6 +99,11 @@ class RequestEngine(Protocol):
 
 def supports_requests(adapter: object) -> bool:
     return callable(getattr(adapter, "run_requests", None))
+
+
+def supports_abort(adapter: object) -> bool:
+    """Whether the adapter has ``abort_requests(requests, after_steps) -> list[list[Completion] | None]``."""
+    return callable(getattr(adapter, "abort_requests", None))
 
 
 def supports_streaming(adapter: object) -> bool:

@@ -114,6 +114,7 @@ async def completions(served: Served, req: CompletionRequest, receive: Any) -> A
     async def chunks() -> AsyncIterator[dict]:
         base = {"id": gen.id, "object": "text_completion", "created": gen.created, "model": model}
         echoed: set[int] = set()
+        offsets: dict[int, int] = {}  # choice -> text_offset of its next token (the whole response's numbering)
         async for c, text in gen.events():
             if c.error is not None:
                 yield error_event(c.error)
@@ -123,7 +124,9 @@ async def completions(served: Served, req: CompletionRequest, receive: Any) -> A
                 echoed.add(c.index)
                 prefix = prompt_texts[c.index // plan.n]
             start, c.sent_tokens = c.sent_tokens, len(c.token_ids)
-            lps = _completion_logprobs(served, c, as_ids, plan.echo and bool(prefix), start)
+            lps = _completion_logprobs(served, c, as_ids, plan.echo and bool(prefix), start, offsets.get(c.index, 0))
+            if lps is not None and lps["tokens"]:
+                offsets[c.index] = lps["text_offset"][-1] + len(lps["tokens"][-1])
             out = {"index": c.index, "text": prefix + text, "logprobs": lps, "finish_reason": c.finish_reason,
                    "stop_reason": c.stop_reason, "token_ids": c.token_ids[start:]}
             yield {**base, "choices": [out], **({"usage": gen.usage()} if plan.usage_every_chunk else {})}

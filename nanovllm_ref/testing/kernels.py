@@ -36,6 +36,7 @@ from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
 from ..kernels.store_kv import store_kv_reference
+from . import gemm
 from .mismatch import Described, KernelMismatch, check_equal, check_same_layout, triton_unavailable, worst_element
 from .strategies import RELATIVE_TOLERANCE, PagedBatch, make_paged_batch, paged_batches, relative_error
 
@@ -283,6 +284,10 @@ def _plain_check(out, ref, inputs) -> None:
     _close(out, ref, inputs[0].dtype, 0.1)
 
 
+def _linear_check(out, ref, inputs) -> None:
+    _close(out, ref, inputs[0].dtype)  # (the BLAS reference and the kernel sum K in different orders)
+
+
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("prefill_attention", _attention_inputs(False), _prefill_call, _attention_check,
                prefill_attention_reference),
@@ -295,6 +300,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("fused_moe", _moe_inputs, _plain_call, _moe_check, fused_moe_ref),
     KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
     KernelSpec("qkv_epilogue", _epilogue_inputs, _epilogue_call, _epilogue_check, qkv_epilogue_reference),
+    KernelSpec("invariant_linear", gemm.linear_inputs, _plain_call, _linear_check, gemm.invariant_linear_reference),
 )}
 
 
@@ -316,6 +322,20 @@ def _sampling_across_splits(device: str) -> tuple:
     temperature = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.7])
     seeds = torch.tensor([5, -7, 2**40 + 3, 9, 123456789])
     counters = torch.tensor([1, 2, 3, 2**33, 77])
+    return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
+
+
+def _sampling_nonfinite_outside_best_chunk(device: str) -> tuple:
+    """The vocabulary of several chunks again, with a NaN, a -inf (a top-k / top-p mask) and a +inf in chunks other
+    than the one holding the row's best entry: a row's finite flag is that of all its chunks, not of the winner's."""
+    gen = torch.Generator().manual_seed(13)
+    logits = torch.randn(4, 20011, generator=gen) * 3
+    logits[0, 3], logits[0, 15000] = 50.0, float("nan")
+    logits[1, 20010], logits[1, 9000] = 50.0, float("-inf")
+    logits[2, 9500], logits[2, 100] = 50.0, float("-inf")
+    logits[3, 19000] = float("inf")
+    temperature = torch.tensor([0.0, 0.7, 0.0, 1.0])
+    seeds, counters = torch.tensor([3, 1 << 35, -11, 8]), torch.tensor([1, 9, 2**33 + 1, 4])
     return tuple(t.to(device) for t in (logits, temperature, seeds, counters))
 
 
@@ -352,8 +372,10 @@ def _norm_with_residual(dtype: torch.dtype) -> Callable[[str], tuple]:
 FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "decode_attention": {"every-split-every-kv-head-float32": _decode_every_split(torch.float32),
                          "every-split-every-kv-head-float16": _decode_every_split(torch.float16)},
-    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides},
+    "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides,
+                      "nonfinite-outside-best-chunk": _sampling_nonfinite_outside_best_chunk},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
+    "invariant_linear": {"engine-split-layer": gemm.engine_split_layer},
     "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
                  "residual-float16": _norm_with_residual(torch.float16)},
 }
@@ -398,8 +420,14 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
                                                      num_splits=splits)
         return decode
 
+    def longest_first(q, k_cache, v_cache, block_tables, seq_lens, scale):  # the engine's order (engine/staging.py)
+        return decode_attention.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=3,
+                                                 order=torch.argsort(-seq_lens.long(), stable=True))
+
     candidates = [KernelCandidate("decode_attention", f"triton-splits-{n or 'auto'}", decode_with(n),
                                   triton_unavailable) for n in (None, 1, 3)]
+    candidates.append(KernelCandidate("decode_attention", "triton-splits-3-longest-first", longest_first,
+                                      triton_unavailable))
     return candidates + [
         KernelCandidate("prefill_attention", "triton", prefill_attention.prefill_attention, triton_unavailable),
         KernelCandidate("store_kv", "triton", store_kv.store_kv, triton_unavailable),
@@ -408,5 +436,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),
         KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue, triton_unavailable),
+        *gemm.candidates(triton_unavailable),
         *backend_candidates(SdpaBackend, "sdpa"),
     ]

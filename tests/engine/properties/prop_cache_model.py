@@ -83,9 +83,13 @@ class CacheModel:
                     return f"took block {block}, but the least recently freed cached block is {self.free_lru[:1]}"
                 self.free_lru.pop(0)
                 prefix = self.content.pop(block)
-                if self.index.get(prefix) == block:
+                if self.index.get(prefix) == block:  # a copy computed side by side takes over, the oldest first
                     del self.index[prefix]
-                    self.evicted.append(prefix)
+                    copy = next((b for b, held in self.content.items() if held == prefix), None)
+                    if copy is None:
+                        self.evicted.append(prefix)
+                    else:
+                        self.index[prefix] = copy
             self.ref[block] = 1
         return None
 

@@ -39,15 +39,14 @@ def engine_split_layer(device: str) -> tuple:
             torch.randn(n, generator=gen).to(device))
 
 
-def candidates(unavailable: Callable[[], str | None]) -> list:
+def candidates() -> list[tuple[str, Callable]]:
+    """(label, function) of nanovllm_ref's batch-invariant GEMMs: the engine's, and one split 3 ways."""
     from ..kernels.matmul import invariant_linear
-    from .kernels import KernelCandidate
 
     def split_3(x, weight, bias=None):
         return invariant_linear(x, weight, bias, config=SPLIT_3)
 
-    return [KernelCandidate("invariant_linear", "triton", invariant_linear, unavailable),
-            KernelCandidate("invariant_linear", "triton-split-3", split_3, unavailable)]
+    return [("triton", invariant_linear), ("triton-split-3", split_3)]
 
 
 __all__ = ["ENGINE_SPLIT_LAYER", "candidates", "engine_split_layer", "invariant_linear_reference", "linear_inputs"]

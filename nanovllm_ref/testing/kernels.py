@@ -436,6 +436,6 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),
         KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue, triton_unavailable),
-        *gemm.candidates(triton_unavailable),
+        *(KernelCandidate("invariant_linear", label, fn, triton_unavailable) for label, fn in gemm.candidates()),
         *backend_candidates(SdpaBackend, "sdpa"),
     ]

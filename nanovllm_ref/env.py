@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument checks
+    import torch
 
 
 def triton_interpret() -> bool:
@@ -50,18 +52,24 @@ def upcast_dots(device: torch.device) -> bool:
 @functools.cache
 def native_e4m3(device: torch.device) -> bool:
     """True on a CUDA GPU whose PTX has `cvt.rn.f16x2.e4m3x2` (compute capability 8.9+: Ada, Hopper and later)."""
+    import torch
+
     return on_gpu(device) and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 @functools.cache
 def hopper(device: torch.device) -> bool:
     """True on a CUDA GPU of compute capability 9.0 (H100, H200)."""
+    import torch
+
     return on_gpu(device) and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of the device (a host-side property query, once per device: no sync); 8 off-GPU."""
+    import torch
+
     return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu(device) else 8
 
 

@@ -164,7 +164,7 @@ class NanovllmRefAdapter:
         rids = [self.llm.add_request(list(r.prompt), p) for r, p in zip(requests, params)]
         done: dict[str, Any] = {}
         for _ in range(after_steps):
-            done.update((o.request_id, o) for o in self.llm.step())
+            done.update((o.request_id, o) for o in self.llm.step() if o.finished)
         for rid in rids:
             if rid not in done:
                 done[rid] = self.llm.abort_request(rid)

@@ -551,6 +551,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "batch-invariant GEMM (CUDA): steps of 2-64 rows take a split-K product (two halves of K summed)",
       (INVARIANT_TESTS,), INVARIANCE_EXACT, gpu=True, gpu_args=INVARIANCE_CUDA),
     # the blind spots of a held-out audit: each caught by a check any engine runs
+    # the engine's advertised modes get the goldens in the default run (conformance/test_engine_modes.py)
+    M("batch-invariant-gemm-last-tile-skipped", "nanovllm_ref/kernels/matmul.py",
+      "for a in range(0, x2.shape[0], ROW_TILE):", "for a in range(0, x2.shape[0] - ROW_TILE, ROW_TILE):",
+      "batch-invariant GEMM (CPU): the last row tile is never multiplied (its rows keep what the buffer held)",
+      (INVARIANT_TESTS,), ("conformance/test_engine_modes.py",)),
+    M("batch-invariant-attention-skips-diagonal", "nanovllm_ref/kernels/invariant_attention.py",
+      "s.masked_fill(key_pos[j : j + tile] > row_pos", "s.masked_fill(key_pos[j : j + tile] >= row_pos",
+      "batch-invariant attention (CPU): the causal mask also hides each query's own key",
+      (INVARIANT_TESTS,), ("conformance/test_engine_modes.py",)),
     M("serve-stream-text-offset-restarts", ROUTES, "start, offsets.get(c.index, 0))", "start)",
       "streamed /v1/completions with logprobs: each chunk's text_offset restarts at 0 (non-streamed is right)",
       (SERVE_TESTS,), (SERVING_CONF,)),

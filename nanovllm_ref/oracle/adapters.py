@@ -108,6 +108,14 @@ class NanovllmRefAdapter:
         return [EngineOutput(list(o.token_ids), list(o.logprobs or []), o.prompt_logprobs, o.num_cached_tokens)
                 for o in outs]
 
+    def modes(self) -> dict[str, tuple[dict[str, Any], bool]]:
+        """The engine modes it advertises besides this one: name -> (engine settings, whether the mode promises
+        bitwise batch invariance); conformance/test_engine_modes.py runs the goldens in each. The fp8 KV cache has
+        a tier of its own (conformance/test_fp8_kv.py)."""
+        other = not self.llm.engine.async_scheduling  # async by default on CUDA, sync on the CPU: the other one
+        return {"batch-invariant": ({"batch_invariant": True}, True),
+                f"async-scheduling-{'on' if other else 'off'}": ({"async_scheduling": other}, False)}
+
     @staticmethod
     def _params(requests: list[RequestSpec]) -> list[Any]:
         import dataclasses

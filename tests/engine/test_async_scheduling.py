@@ -41,7 +41,8 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch", spy)
-        with LLM(path, dtype="float32", async_scheduling=async_scheduling, **kw) as llm:
+        # the CPU engine (these are the CPU's defaults, on any machine)
+        with LLM(path, dtype="float32", async_scheduling=async_scheduling, **{"device": "cpu", **kw}) as llm:
             outs = llm.generate(prompts, params, use_tqdm=False)
     if full:
         return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs], ahead

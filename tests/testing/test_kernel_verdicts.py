@@ -5,6 +5,7 @@ a candidate that cannot run here (no triton) is skipped with its reason, listed 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,11 +69,13 @@ def test_without_triton_each_candidate_is_one_skip_line_with_its_reason() -> Non
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     out = proc.stdout
-    assert proc.returncode == 0 and " failed" not in out, out[-3000:]
+    assert proc.returncode == 0 and not re.search(r"\b[1-9]\d* failed", out), out[-3000:]
     section = out[out.index("kernel candidates skipped"):].splitlines()[1:]
     skipped = [line for line in section if line.startswith("kernel candidate ")]
     assert sorted(line.split(":")[0] for line in skipped) == [
-        "kernel candidate decode_attention [triton-splits-1]", "kernel candidate decode_attention [triton-splits-3]",
+        "kernel candidate decode_attention [triton-splits-1]",
+        "kernel candidate decode_attention [triton-splits-3-longest-first]",
+        "kernel candidate decode_attention [triton-splits-3]",
         "kernel candidate decode_attention [triton-splits-auto]", "kernel candidate rms_norm [triton]"]
     assert all("triton is not installed" in line for line in skipped)
     assert "passed" in out.splitlines()[-1]  # the sdpa candidates still ran

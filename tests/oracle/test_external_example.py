@@ -10,9 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ..support.outside import outside_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "external_engine"
@@ -29,9 +32,20 @@ def _pip_install(src: Path, target: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site() -> Iterator[Path]:
     """A target folder holding non-editable installs of nanovllm_ref (from a copy of this tree) and toy_engine."""
-    base = tmp_path_factory.mktemp("external")
+    with outside_checkout("external") as base:
+        yield _install_site(base)
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[Path]:
+    """The working folder of a run: outside the checkout, as another project's."""
+    with outside_checkout("run") as folder:
+        yield folder
+
+
+def _install_site(base: Path) -> Path:
     src = base / "src"
     shutil.copytree(ROOT, src, ignore=IGNORE)
     target = base / "site"
@@ -57,18 +71,18 @@ def _conformance(site: Path, cwd: Path, **env: str) -> tuple[int, str]:
                     "-k", "test_golden and not gpu"], cwd, site, **env)
 
 
-def test_toy_engine_passes_from_outside_the_repo(site: Path, tmp_path: Path) -> None:
-    code, log = _conformance(site, tmp_path)
+def test_toy_engine_passes_from_outside_the_repo(site: Path, elsewhere: Path) -> None:
+    code, log = _conformance(site, elsewhere)
     assert code == 0, log[-3000:]
     assert "1 passed" in log and "toy_engine" in log, log[-3000:]
-    assert '"engine": "toy_engine.adapter:make_engine"' in (tmp_path / "report.json").read_text()
+    assert '"engine": "toy_engine.adapter:make_engine"' in (elsewhere / "report.json").read_text()
 
 
-def test_broken_toy_engine_fails_naming_prompt_and_position(site: Path, tmp_path: Path) -> None:
+def test_broken_toy_engine_fails_naming_prompt_and_position(site: Path, elsewhere: Path) -> None:
     from golden.load import load_golden
 
     request, step = 3, 5
-    code, log = _conformance(site, tmp_path, TOY_ENGINE_BUG=f"argmin@{request}:{step}")
+    code, log = _conformance(site, elsewhere, TOY_ENGINE_BUG=f"argmin@{request}:{step}")
     assert code == 1, log[-3000:]
     name = load_golden("qwen3-tiny", "float32").prompt_names[request]
     assert f"[{name}] FAIL: gen step {step}: tokens differ" in log, log[-3000:]

@@ -10,9 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ..support.outside import outside_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -20,8 +23,14 @@ SUITE = ["--model", "qwen3-tiny", "--dtype", "float32", "-p", "no:cacheprovider"
 
 
 @pytest.fixture
-def shadowing_folder(tmp_path: Path) -> Path:
-    """A folder with a `conformance/` package of one passing test and a `golden/` package that breaks on import."""
+def shadowing_folder() -> Iterator[Path]:
+    """A folder (outside the checkout, as another project's) with a `conformance/` package of one passing test and a
+    `golden/` package that breaks on import."""
+    with outside_checkout("shadow") as folder:
+        yield _shadowing(folder)
+
+
+def _shadowing(tmp_path: Path) -> Path:
     (tmp_path / "conformance").mkdir()
     (tmp_path / "conformance" / "__init__.py").write_text("")
     (tmp_path / "conformance" / "test_shadow.py").write_text("def test_shadow():\n    assert True\n")

@@ -15,6 +15,8 @@ The module closes the pool's engine when it is done (its engines are built with 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, supports_requests
@@ -74,7 +76,12 @@ def test_seeded_request_reproduces_on_a_fresh_instance(fresh) -> None:
     assert again[:2] == first[:2], f"seeded requests drew {first[:2]}, on a fresh instance {again[:2]}"
 
 
-def test_engine_seed_reproduces_unseeded_requests(fresh) -> None:
+def test_engine_seed_reproduces_unseeded_requests(fresh, options) -> None:
+    if options.engine == "vllm" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        # its documented condition (docs.vllm.ai, "Reproducibility"): with its engine core in another process the
+        # scheduling, and so the order of unseeded draws, is not deterministic (it passes with the variable set)
+        pytest.skip("vLLM reproduces unseeded requests from its engine seed only with "
+                    "VLLM_ENABLE_V1_MULTIPROCESSING=0: set it to run this case")
     specs = [_sample(None) for _ in range(4)] + [_sample(424242)]
     try:
         first = _tokens(fresh(seed=ENGINE_SEED), specs)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import env
 from .sampling_params import check_bools, check_int, check_number
+from .speculative import SpeculativeConfig
 
 if TYPE_CHECKING:  # torch loads with the engine, not with the CLI's argument checks
     import torch
@@ -61,6 +62,8 @@ class Config:
     cpu_threads: int | None = None
     # a request's tokens and logprobs bitwise independent of the rest of the batch (kernels/matmul.py says how)
     batch_invariant: bool = False
+    # speculative decoding (speculative.py): a SpeculativeConfig or a dict of its fields (vLLM's names); None: off
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -84,9 +87,21 @@ class Config:
             raise ValueError(f"async_scheduling must be a bool or None (on CUDA only), got {self.async_scheduling!r}")
         if not isinstance(self.attention_backend, str):
             raise ValueError(f"attention_backend must be a string, got {self.attention_backend!r}")
+        self._check_speculative()
         if self.batch_invariant and self.attention_backend not in INVARIANT_BACKENDS:
             raise ValueError(f"batch_invariant=True needs attention_backend in {INVARIANT_BACKENDS} (the fixed-order "
                              f"paths), got {self.attention_backend!r}")
+
+    def _check_speculative(self) -> None:
+        spec = SpeculativeConfig.from_value(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
+        if spec is None:
+            return
+        if self.async_scheduling:  # a verify step's accepted count is needed before the next step is scheduled
+            raise ValueError("async_scheduling=True does not combine with speculative_config: leave it None or False")
+        if spec.method == "draft_model" and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1 (ngram works with "
+                             "tensor parallelism)")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> Config:

@@ -168,4 +168,17 @@ def feed(seq: Sequence) -> str | None:
         return None
     tokens = seq.output_token_ids[detok.num_fed :]
     on_stop_token = seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason is None
-    return detok.add(tokens, stop_terminated=on_stop_token)
+    if len(tokens) == 1 or not detok.stop:
+        return detok.add(tokens, stop_terminated=on_stop_token)
+    # several new tokens (a speculative step) and stop strings: one at a time, so that the output ends at the token
+    # that completed a stop string, as it would have one token per step
+    for i, token in enumerate(tokens):
+        found = detok.add([token], stop_terminated=on_stop_token and i == len(tokens) - 1)
+        if found is not None:
+            drop = len(tokens) - 1 - i
+            if drop:
+                del seq.token_ids[-drop:]
+                if seq.logprobs is not None:
+                    del seq.logprobs[-drop:]
+            return found
+    return None

@@ -45,6 +45,9 @@ class StepInput:
     processed: list[ProcessedRow] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
+    # speculative decoding: (seq_id, its first sampling row, its draft tokens); row i verifies draft i, the row after
+    # the last draft samples the bonus token (engine/verify.py)
+    drafts: list[tuple[int, int, list[int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -70,13 +73,15 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     input_ids, sampling_rows, tables = [], [], []
     for seq, num_new in out.scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-        input_ids += seq.token_ids[start:end]
+        input_ids += seq.token_ids[start:end] if not seq.draft_tokens else (seq.token_ids + seq.draft_tokens)[start:end]
         step.query_start_loc.append(step.query_start_loc[-1] + num_new)
         step.seq_lens.append(end)
         tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, step.query_start_loc[-2])
-        if out.samples(seq, num_new):
+        if seq.draft_tokens:
+            _add_verify_rows(step, seq, sampling_rows)
+        elif out.samples(seq, num_new):
             if seq.needs_processing:
                 step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids, seq.num_prompt_tokens,
                                                    seq.stop_ids, seq.seq_id))
@@ -87,6 +92,21 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
          step.sample_rows, step.counters) = map(list, zip(*sampling_rows))
     _token_columns(step, input_ids, tables, block_size)
     return step
+
+
+def _add_verify_rows(step: StepInput, seq: Sequence, sampling_rows: list[tuple]) -> None:
+    """The sampling rows of a sequence verifying drafts: its last token's and each draft's, in order; row i samples
+    the token at position num_tokens + i from the target's distribution given the drafts before it."""
+    drafts, n = seq.draft_tokens, seq.num_tokens
+    step.drafts.append((seq.seq_id, len(sampling_rows), list(drafts)))
+    last_row = step.query_start_loc[-1] - 1 - len(drafts)
+    for i in range(len(drafts) + 1):
+        if seq.needs_processing:  # (row 0 keeps the penalty counts; the others rebuild theirs: seq_id -1)
+            tokens = seq.token_ids + drafts[:i] if i else seq.token_ids
+            step.processed.append(ProcessedRow(len(sampling_rows), seq.params, tokens, seq.num_prompt_tokens,
+                                               seq.stop_ids, -1 if i else seq.seq_id))
+        sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))
+        step.logits_indices.append(last_row + i)
 
 
 def _token_columns(step: StepInput, input_ids: list[int], tables: list[array], block_size: int) -> None:

@@ -18,6 +18,7 @@ servers and tests read no scheduler or block manager.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -32,9 +33,10 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer, feed
 from .inputs import prepare_step
 from .model_runner import ModelRunner, StepOutput
-from .observers import EngineStats, ScheduleObserver
+from .observers import EngineStats, ScheduleObserver, SpecDecodingStats
 from .output_processor import OutputProcessor
 from .overlap import Overlap, OverlapScheduler
+from .proposers import make_proposer
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import TPExecutor, WorkersFailed
@@ -57,8 +59,9 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf(self.hf_config)
         self.spec = resolve_spec(config, self.model_config)
         self.tokenizer = load_tokenizer(config.model)
+        speculative = config.speculative_config
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else (
-            self.spec.device == "cuda")
+            self.spec.device == "cuda" and speculative is None)
         self.primary_eos = getattr(self.tokenizer, "eos_token_id", None)  # (None without a tokenizer)
         if self.primary_eos is None:
             eos = self.model_config.eos_token_id
@@ -73,7 +76,10 @@ class LLMEngine:
         self.scheduler = (OverlapScheduler if self.async_scheduling else Scheduler)(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len,
             eos_token_ids(config.model, self.model_config),
+            num_lookahead_tokens=speculative.num_speculative_tokens if speculative else 0,
         )
+        self.proposer = make_proposer(speculative, self) if speculative else None
+        self.spec_stats = SpecDecodingStats() if speculative else None
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._outputs = OutputProcessor(self._finalize)
@@ -162,8 +168,10 @@ class LLMEngine:
         """The load now: running and waiting sequences, the KV cache's used fraction (blocks neither free nor only
         kept for the prefix cache, as vLLM counts it) and the preemptions so far."""
         sched, blocks = self.scheduler, self.block_manager
+        spec = self.spec_stats and dataclasses.replace(
+            self.spec_stats, accepted_per_position=list(self.spec_stats.accepted_per_position))
         return EngineStats(len(sched.running), len(sched.waiting), 1.0 - blocks.num_free_blocks / blocks.num_blocks,
-                           sched.num_preemptions)
+                           sched.num_preemptions, spec)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no request holds (later requests find no cached prefix)."""
@@ -223,7 +231,8 @@ class LLMEngine:
         out = self._schedule()
         if not out.scheduled:
             return []
-        launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
+        draft_probs = self.proposer.propose(out) if self.proposer else None  # (speculative decoding: drafts)
+        launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size), draft_probs=draft_probs)
         return self._apply(out, self.runner.collect(launched))
 
     def _schedule(self) -> SchedulerOutput:
@@ -251,9 +260,11 @@ class LLMEngine:
             done.append(seq)
         for seq_id, dicts in result.prompt_logprobs.items():
             by_id[seq_id].prompt_logprobs.extend(dicts)
-        for seq_id, entry in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
-            by_id[seq_id].logprobs.append(entry)
-        done += self.scheduler.update(out, result.sampled)
+        for seq_id, entries in result.logprobs.items():  # (never a step launched ahead: those have no logprobs)
+            by_id[seq_id].logprobs.extend(entries)
+        if self.proposer is not None:
+            self.spec_stats.count(out, result.accepted)
+        done += self.scheduler.update(out, result.sampled, result.accepted)
         done += self._check_stop_strings([seq for seq, _ in out.scheduled if seq.params.stop])
         return [o for o in map(self._pop_output, done) if o is not None]
 

@@ -26,12 +26,14 @@ from ..models import get_model_class
 from .cuda_graph import DecodeGraphs
 from .inputs import StepInput, dummy_prefill_step
 from .staging import stage_step, upload
+from .verify import gather_logprobs, resample_rejected, take_verified
 
 
 @dataclass
 class StepOutput:
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token
-    logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
+    accepted: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> its accepted drafts (before its token)
+    logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)  # seq_id -> one entry per new token
     prompt_logprobs: dict[int, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # seq_id -> why it cannot go on
 
@@ -191,15 +193,17 @@ class ModelRunner:
         return hidden if step.logits_rows_are_all_rows() else hidden[logits_rows]
 
     @torch.inference_mode()
-    def launch(self, step: StepInput, prev: Launched | None = None, rows: np.ndarray | None = None) -> Launched:
+    def launch(self, step: StepInput, prev: Launched | None = None, rows: np.ndarray | None = None,
+               draft_probs: torch.Tensor | None = None) -> Launched:
         """Queue a step without waiting for it: forward, logits, sampling, and an asynchronous copy of the tokens to
         the host (`collect` waits for them). With `prev` and `rows` (async scheduling, as in vLLM and SGLang: see
-        `compute_hidden`), rows continuing from `prev` take its sampled tokens as input ids on the device."""
+        `compute_hidden`), rows continuing from `prev` take its sampled tokens as input ids on the device.
+        `draft_probs` (B, K, V): the distributions a draft model drew `step.drafts` from (verify.py)."""
         logits = self.model.compute_logits(self.compute_hidden(step, prev, rows))  # (num_logits, vocab), rank 0 only
         n = len(step.sample_seq_ids)  # 0: prefill chunks only, nothing samples
         # (2, n): tokens, finite flags; logits None: a TP rank other than 0, which takes rank 0's tokens
         if logits is not None and n:
-            sample_logits, packed, processed = self._sample_on_device(step, logits)
+            sample_logits, packed, processed = self._sample_on_device(step, logits, draft_probs)
         else:
             sample_logits = processed = None
             packed = torch.empty(2, n, dtype=torch.int64, device=self.device)
@@ -227,7 +231,11 @@ class ModelRunner:
         if max(step.num_logprobs, default=-1) >= 0:
             scores = logprob_scores(sample_logits, step.processed, processed)  # per row's logprobs_mode
             entries = _logprob_dicts(sample_logits, launched.tokens, step.num_logprobs, scores)
-            out.logprobs = {s: e for s, e, k in zip(step.sample_seq_ids, entries, step.num_logprobs) if k >= 0}
+            out.logprobs = {s: [e] for s, e, k in zip(step.sample_seq_ids, entries, step.num_logprobs) if k >= 0}
+            if step.drafts:
+                gather_logprobs(out, step, entries)
+        if step.drafts:
+            take_verified(out, step, tokens_list, finite_list)
         if not all(finite_list):  # (rare: the common case has no loop over the rows but `all`'s)
             for seq_id in compress(step.sample_seq_ids, map(not_, finite_list)):
                 out.errors[seq_id] = "the model produced non-finite logits (NaN or inf)"  # no token, no logprobs
@@ -235,7 +243,8 @@ class ModelRunner:
                 out.logprobs.pop(seq_id, None)
         return out
 
-    def _sample_on_device(self, step: StepInput, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _sample_on_device(self, step: StepInput, logits: torch.Tensor, draft_probs: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(the sampling rows' logits, (2, n) int64: sampled tokens and 1 where the row's logits are all finite,
         (row indices, processed scores) of the rows that took the processing path, or None)."""
         # one host-to-device copy for all per-request parameters
@@ -254,6 +263,8 @@ class ModelRunner:
             packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
         processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
                      if step.processed else None)
+        if draft_probs is not None:  # sampled rows verifying a draft model's tokens: the rejection rule
+            resample_rejected(packed, step, sample_logits, batch, processed, draft_probs, self.use_kernels)
         return sample_logits, packed, processed
 
 

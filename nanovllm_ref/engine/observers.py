@@ -22,6 +22,43 @@ class EngineStats:
     num_waiting: int  # sequences waiting, preempted ones included
     kv_cache_usage: float  # the fraction of KV blocks in use (not free, not only kept for the prefix cache)
     num_preemptions: int  # since the engine started
+    spec_decoding: SpecDecodingStats | None = None  # speculative decoding's counts so far (None: it is off)
+
+
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding's counts since the engine started (vLLM's spec_decode metrics): verifications of one
+    sequence's drafts, draft tokens verified, accepted, and accepted per draft position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def count(self, out: SchedulerOutput, accepted: dict[int, list[int]]) -> None:
+        """Count a step's verifications (before `Scheduler.update` takes the drafts)."""
+        for seq, _ in out.scheduled:
+            if not seq.draft_tokens or seq.seq_id not in accepted:
+                continue
+            n = len(accepted[seq.seq_id])
+            self.num_drafts += 1
+            self.num_draft_tokens += len(seq.draft_tokens)
+            self.num_accepted_tokens += n
+            seq.num_draft_tokens += len(seq.draft_tokens)
+            seq.num_accepted_tokens += n
+            grow = len(seq.draft_tokens) - len(self.accepted_per_position)
+            self.accepted_per_position += [0] * max(0, grow)
+            for i in range(n):
+                self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verification: 1 + accepted drafts (vLLM's mean acceptance length)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 @dataclass(frozen=True)

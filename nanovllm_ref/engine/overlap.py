@@ -53,8 +53,9 @@ class OverlapScheduler(Scheduler):
         self.count_computed(out)
         self.counted = out
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        if out is not self.counted:  # a step nothing was scheduled behind
+    def update(self, out: SchedulerOutput, sampled: dict[int, int],
+               accepted: dict[int, list[int]] | None = None) -> list[Sequence]:
+        if out is not self.counted:  # a step nothing was scheduled behind (never a speculative one: Config refuses it)
             return super().update(out, sampled)
         self.counted = None
         self.in_flight.clear()

@@ -7,6 +7,10 @@ running sequence is preempted: its blocks are freed and it is recomputed later f
 output is unaffected. Nothing here asserts: a request that could never fit is refused before it is added
 (`check_fits`).
 Every step, decodes included, takes this one path: a step's inputs are derived from the sequences (inputs.py).
+Speculative decoding (`num_lookahead_tokens` > 0, vLLM's name) grants a decoding sequence room for that many draft
+tokens after its last one; the proposer (proposers.py) fills `seq.draft_tokens` and trims the grant to what it
+proposed, and `update` counts as computed only the drafts the verification accepted (the rejected ones' KV is
+overwritten later: that is the rollback).
 Async scheduling (overlap.py's OverlapScheduler, vLLM v1's AsyncScheduler) schedules the step behind the one in
 flight through this same code: it counts the token in flight of each sequence in `num_tokens` and splits `update`
 into its two halves, `count_computed` when the step is launched and `take_tokens` when its tokens come.
@@ -43,12 +47,14 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 max_model_len: int, eos_token_ids: frozenset[int] = frozenset(), num_lookahead_tokens: int = 0,
+                 ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -124,12 +130,18 @@ class Scheduler:
             num_tokens = self.num_tokens(seq)
             if num_tokens >= seq.max_num_tokens:
                 continue  # its token in flight ends it (length): nothing to compute, no block to take (as vLLM)
-            num_new = min(num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(num_tokens - seq.num_computed_tokens + self._lookahead(seq, num_tokens), budget)
             if not self._make_room(seq, num_new, out):
                 break  # seq was the newest and is preempted itself: nothing after it runs
             out.scheduled.append((seq, num_new))
             budget -= num_new
         return budget
+
+    def _lookahead(self, seq: Sequence, num_tokens: int) -> int:
+        """Room for draft tokens: a decoding sequence's (prefill done), as many as it may still emit after the next."""
+        if not self.num_lookahead_tokens or seq.num_computed_tokens != num_tokens - 1:
+            return 0
+        return max(0, min(self.num_lookahead_tokens, seq.max_num_tokens - num_tokens - 1))
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Allocate for `seq`, preempting the newest running sequences until it fits; False if `seq` went."""
@@ -148,19 +160,39 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int],
+               accepted: dict[int, list[int]] | None = None) -> list[Sequence]:
         """The one place sequences advance: the scheduled ones count their new tokens as computed, those that sampled
         take their token (`sampled` maps seq_id -> token), and a stop token or the length limit finishes them
-        (returned). Async scheduling calls the two halves apart (overlap.py), the first while the step is in flight."""
-        self.count_computed(out)
+        (returned). `accepted` (speculative steps): seq_id -> the draft tokens the verification accepted, which come
+        before its sampled token. Async scheduling calls the two halves apart (overlap.py), the first while the step
+        is in flight."""
+        self.count_computed(out, sampled, accepted or {})
         return self.take_tokens(out, sampled)
 
-    def count_computed(self, out: SchedulerOutput) -> None:
-        """The first half of `update`: the step's tokens are computed (their KV written), its full blocks cached."""
+    def count_computed(self, out: SchedulerOutput, sampled: dict[int, int] | None = None,
+                       accepted: dict[int, list[int]] | None = None) -> None:
+        """The first half of `update`: the step's tokens are computed (their KV written), its full blocks cached. A
+        sequence that verified drafts takes the accepted ones as tokens here (so that its blocks hash them) and
+        counts only those as computed: the rejected drafts' KV is stale, overwritten by the next step."""
         live = [(s, n) for s, n in out.scheduled if s.status is not SequenceStatus.FINISHED]  # not aborted meanwhile
         for seq, num_new in live:
+            if seq.draft_tokens:
+                num_new -= len(seq.draft_tokens) - self._take_accepted(seq, sampled, accepted.get(seq.seq_id, []))
+                seq.draft_tokens = []
             seq.num_computed_tokens += num_new
         self.block_manager.cache_full_blocks(*(seq for seq, _ in live))
+
+    def _take_accepted(self, seq: Sequence, sampled: dict[int, int], drafts: list[int]) -> int:
+        """Append the accepted drafts up to the first that ends the sequence, which becomes its sampled token (the
+        ones after it are dropped: the request would have ended there); returns how many were appended."""
+        for i, token in enumerate(drafts):
+            if token in seq.stop_ids or len(seq.token_ids) + 1 >= seq.max_num_tokens:
+                sampled[seq.seq_id] = token
+                drafts = drafts[:i]
+                break
+            seq.token_ids.append(token)
+        return len(drafts)
 
     def take_tokens(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
         """The second half of `update`: the sampled tokens are appended, and the sequences they end finish (returned).

@@ -167,9 +167,12 @@ class TPExecutor:
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker rank {rank} died (exit code {self.procs[rank].exitcode})")
 
-    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: np.ndarray | None = None) -> TPLaunched:
+    def launch(self, step: StepInput, prev: TPLaunched | None = None, rows: np.ndarray | None = None,
+               draft_probs: None = None) -> TPLaunched:
         """Every rank queues the step (ModelRunner.launch) and keeps it; input ids gathered from `prev` (async
-        scheduling, overlap.py) are its tokens, which rank 0 broadcast on the device when it sampled them."""
+        scheduling, overlap.py) are its tokens, which rank 0 broadcast on the device when it sampled them.
+        (`draft_probs` is always None: a draft model needs tensor_parallel_size 1, Config says; n-gram drafts are
+        in the step.)"""
         self._next_key += 1
         self._send_all(("launch", (step, self._next_key, None if prev is None else prev.key, rows)))
         return TPLaunched(step, self._next_key)

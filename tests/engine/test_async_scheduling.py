@@ -31,13 +31,13 @@ def _run(path: str, async_scheduling: bool | None, prompts, params, monkeypatch:
     ahead = []
     original = ModelRunner.launch
 
-    def spy(self, step, prev=None, rows=None):
+    def spy(self, step, prev=None, rows=None, **kw):
         fed = step.num_tokens - len(step.input_ids)  # rows whose input ids are taken from `prev` on the device
         assert (prev is None) == (rows is None) and (rows is None or len(rows) == step.num_tokens)
         dropped = fed and fed < len(prev.step.sample_seq_ids)  # rows that finished in `prev`
         ahead.append((prev is not None, dropped, step.block_tables.shape[1],
                       fed > 0 and step.max_query_len > 1))  # (a step with prefill chunks fed on the device)
-        return original(self, step, prev, rows)
+        return original(self, step, prev, rows, **kw)
 
     with monkeypatch.context() as m:
         m.setattr(ModelRunner, "launch", spy)

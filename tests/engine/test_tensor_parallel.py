@@ -124,8 +124,8 @@ def test_tp2_async_scheduling_matches_tp1():
     with LLM(path, tensor_parallel_size=2, async_scheduling=True, **kw) as llm:  # (on the CPU: asked for)
         launches = []
         original = llm.engine.runner.launch
-        llm.engine.runner.launch = lambda step, prev=None, rows=None: launches.append(
-            (rows is not None, rows is not None and step.max_query_len > 1)) or original(step, prev, rows)
+        llm.engine.runner.launch = lambda step, prev=None, rows=None, **kw: launches.append(
+            (rows is not None, rows is not None and step.max_query_len > 1)) or original(step, prev, rows, **kw)
         got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert sum(p for p, _ in launches) > 5, "steps did not take the async path under TP"

@@ -55,6 +55,7 @@ def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
 class LLMEngine:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.proposer = None  # speculative decoding's (proposers.py), made once the runner is
         self.hf_config = load_hf_config(config.model)  # as transformers reads it (the server shows it)
         self.model_config = ModelConfig.from_hf(self.hf_config)
         self.spec = resolve_spec(config, self.model_config)
@@ -313,6 +314,9 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""
         self.overlap = None
+        if self.proposer is not None:
+            self.proposer.shutdown()
+            self.proposer = None
         if self.runner is not None:
             self.runner.shutdown()
             self.runner = None

@@ -59,6 +59,9 @@ class NgramProposer:
         trim_grants(out)
         return None
 
+    def shutdown(self) -> None:
+        pass  # (nothing held)
+
 
 def make_proposer(config: SpeculativeConfig, engine: object) -> NgramProposer:
     """The proposer of `config.method` (a draft model's is built beside the engine's runner)."""

@@ -72,11 +72,10 @@ def resample_rejected(packed: torch.Tensor, step: StepInput, logits: torch.Tenso
                       processed: Any, draft_probs: torch.Tensor, use_kernels: bool) -> None:
     """Redraw the rows of the sampled requests among `step.drafts` (B, in order; `draft_probs` (B, K, vocab): the
     distributions their drafts were drawn from) by the rejection rule, writing the tokens into `packed` (2, n)."""
-    from ..kernels.rejection import rejection_sample, rejection_sample_reference
-
     chosen = [(b, first, drafts) for b, (_, first, drafts) in enumerate(step.drafts) if step.temperature[first] > 0]
     if not chosen:
         return
+    from ..kernels.rejection import rejection_sample, rejection_sample_reference
     dev, k = logits.device, draft_probs.shape[1]
     # (B, K + 1): each sequence's rows, its last one repeated past its drafts (ignored there)
     rows = torch.tensor([[first + min(i, len(d)) for i in range(k + 1)] for _, first, d in chosen], device=dev)

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ModelConfig, resolve_spec
 from ..layers.sampler import SamplingBatch, apply_warpers, sample
-from ..loader import load_hf_config
+from ..loader import load_hf_config, load_tokenizer
 from ..speculative import SpeculativeConfig
 from .inputs import chunks_step
 from .model_runner import ModelRunner
@@ -37,6 +37,7 @@ class DraftModelProposer:
         if model_config.vocab_size != engine.model_config.vocab_size:
             raise ValueError(f"speculative_config.model has vocab_size {model_config.vocab_size}, the target "
                              f"{engine.model_config.vocab_size}: a draft model must share the target's vocabulary")
+        _check_same_tokenizer(load_tokenizer(config.model), engine.tokenizer)
         target = engine.spec
         draft = dataclasses.replace(
             target.config, model=str(config.model), dtype=str(target.dtype).removeprefix("torch."),
@@ -94,3 +95,10 @@ class DraftModelProposer:
 
     def shutdown(self) -> None:
         self.runner.shutdown()
+
+
+def _check_same_tokenizer(draft: Any, target: Any) -> None:
+    """A draft's token ids must mean the target's: the same vocabulary (where both checkpoints have a tokenizer)."""
+    if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
+        raise ValueError("speculative_config.model has another tokenizer's vocabulary than the target: a draft model "
+                         "must share the target's tokenizer")

@@ -14,21 +14,30 @@ them for the rejection rule.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import torch
 
-from ..config import ModelConfig, resolve_spec
+from ..config import ModelConfig, RunnerSpec, resolve_spec
 from ..layers.sampler import SamplingBatch, apply_warpers, sample
 from ..loader import load_hf_config, load_tokenizer
 from ..speculative import SpeculativeConfig
 from .inputs import chunks_step
 from .model_runner import ModelRunner
-from .proposers import lookahead_room
-from .scheduler import SchedulerOutput
+from .scheduler import SchedulerOutput, lookahead_room
 from .sequence import Sequence
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # xored into a request's seed for its draft draws
+
+
+def draft_reserve(config: SpeculativeConfig, target: RunnerSpec) -> tuple[int, int]:
+    """What the draft needs beside the target's memory budget: (its KV bytes per block, its weights' bytes, bounded
+    by its safetensors files), for the target's runner to leave (ModelRunner's `reserve`)."""
+    mc = ModelConfig.from_hf(load_hf_config(config.model))
+    per_block = 2 * mc.num_key_value_heads * mc.head_dim * target.kv_dtype.itemsize * target.config.kvcache_block_size
+    files = [os.path.join(config.model, f) for f in os.listdir(config.model) if f.endswith(".safetensors")]
+    return per_block * mc.num_hidden_layers, sum(map(os.path.getsize, files))
 
 
 class DraftModelProposer:

@@ -36,7 +36,7 @@ from .model_runner import ModelRunner, StepOutput
 from .observers import EngineStats, ScheduleObserver, SpecDecodingStats
 from .output_processor import OutputProcessor
 from .overlap import Overlap, OverlapScheduler
-from .proposers import make_proposer
+from .proposers import draft_reserve_of, make_proposer
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import TPExecutor, WorkersFailed
@@ -69,7 +69,8 @@ class LLMEngine:
             self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
         self.runner = (TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
-                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config))
+                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config,
+                                                                           draft_reserve_of(speculative, self.spec)))
         self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..kernels.rejection import rejection_sample, rejection_sample_reference
 from ..layers.sampler import SamplingBatch, apply_warpers
 from .inputs import StepInput
 
@@ -75,7 +76,6 @@ def resample_rejected(packed: torch.Tensor, step: StepInput, logits: torch.Tenso
     chosen = [(b, first, drafts) for b, (_, first, drafts) in enumerate(step.drafts) if step.temperature[first] > 0]
     if not chosen:
         return
-    from ..kernels.rejection import rejection_sample, rejection_sample_reference
     dev, k = logits.device, draft_probs.shape[1]
     # (B, K + 1): each sequence's rows, its last one repeated past its drafts (ignored there)
     rows = torch.tensor([[first + min(i, len(d)) for i in range(k + 1)] for _, first, d in chosen], device=dev)

@@ -54,8 +54,9 @@ ARCHS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32",
     },
 }
-ARCHS["qwen3-0.6b-draft"] = {**ARCHS["qwen3-0.6b"], "num_hidden_layers": 2}
-ARCHS["tiny-draft"] = {**ARCHS["tiny"], "num_hidden_layers": 1}
+# (an untied LM head of its own: a random tied model's argmax tends to repeat its input, and so would the target's)
+ARCHS["qwen3-0.6b-draft"] = {**ARCHS["qwen3-0.6b"], "num_hidden_layers": 2, "tie_word_embeddings": False}
+ARCHS["tiny-draft"] = {**ARCHS["tiny"], "num_hidden_layers": 1, "tie_word_embeddings": False}
 
 _FOLDERS: dict[str, str] = {}
 

@@ -24,7 +24,8 @@ def apply_token_bitmask_reference(
 ) -> torch.Tensor:  # logits
     vocab = logits.shape[1]
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(len(bitmask), -1)[:, :vocab].bool()  # (m, vocab)
+    m, words = bitmask.shape
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(m, words * 32)[:, :vocab].bool()  # (m, vocab)
     logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
     return logits
 

@@ -66,5 +66,6 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Any:
 def space_before_every_token(info: Any) -> bool:
     """Whether every token with text adds whitespace first (a decoder joining tokens with spaces): then no output
     text can begin otherwise, and JSON is only written with leading whitespace (compiler.py)."""
-    texts = [t for i, t in enumerate(info.decoded_vocab) if t and i not in info.stop_token_ids]
+    stops = set(info.stop_token_ids)  # (xgrammar's properties build their lists on every read)
+    texts = [t for i, t in enumerate(info.decoded_vocab) if t and i not in stops]
     return bool(texts) and all(t[:1].isspace() for t in texts)

@@ -41,8 +41,13 @@ class StepInput:
     seeds: list[int] = field(default_factory=list)
     counters: list[int] = field(default_factory=list)  # position of the token being sampled
     num_logprobs: list[int] = field(default_factory=list)  # -1: none
-    # rows with penalties, logit bias, min_tokens, min-p or processed logprobs (empty for plain batches)
+    # rows with penalties, logit bias, min_tokens, min-p, processed logprobs or structured outputs (empty for plain
+    # batches)
     processed: list[ProcessedRow] = field(default_factory=list)
+    # structured outputs (the engine's StructuredOutputManager fills them after prepare_step): the grammars' allowed
+    # tokens, (m, ceil(vocab / 32)) int32 (token v: bit v % 32 of word v // 32), and the m rows (sampling row indices)
+    bitmask: np.ndarray | None = None
+    bitmask_rows: list[int] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
     # speculative decoding: (seq_id, its first sampling row, its draft tokens); row i verifies draft i, the row after
@@ -101,10 +106,10 @@ def _add_verify_rows(step: StepInput, seq: Sequence, sampling_rows: list[tuple])
     step.drafts.append((seq.seq_id, len(sampling_rows), list(drafts)))
     last_row = step.query_start_loc[-1] - 1 - len(drafts)
     for i in range(len(drafts) + 1):
-        if seq.needs_processing:  # (row 0 keeps the penalty counts; the others rebuild theirs: seq_id -1)
+        if seq.needs_processing:  # (row 0 keeps the penalty counts; the others rebuild theirs: draft_index)
             tokens = seq.token_ids + drafts[:i] if i else seq.token_ids
             step.processed.append(ProcessedRow(len(sampling_rows), seq.params, tokens, seq.num_prompt_tokens,
-                                               seq.stop_ids, -1 if i else seq.seq_id))
+                                               seq.stop_ids, seq.seq_id, i))
         sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))
         step.logits_indices.append(last_row + i)
 

@@ -78,7 +78,7 @@ class PenaltyCounts:
 
     def update(self, rows: list[ProcessedRow], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(counts (m, vocab) float32 over output tokens, seen (m, vocab) bool over prompt and output tokens)."""
-        olds = [self.state.get(r.seq_id) if r.seq_id >= 0 else None for r in rows]
+        olds = [self.state.get(r.seq_id) if _keeps(r) else None for r in rows]
         counts = torch.stack([o[0] if o else torch.zeros(vocab, device=device) for o in olds])
         seen = torch.stack([o[1] if o else torch.zeros(vocab, dtype=torch.bool, device=device) for o in olds])
         starts = [o[2] if o else 0 for o in olds]
@@ -89,8 +89,14 @@ class PenaltyCounts:
             at = (torch.tensor(row_of, device=device), torch.tensor(tokens, device=device))
             counts.index_put_(at, torch.tensor(is_output, device=device), accumulate=True)
             seen[at] = True
-        self.state = {r.seq_id: (counts[j], seen[j], len(r.token_ids)) for j, r in enumerate(rows) if r.seq_id >= 0}
+        self.state = {r.seq_id: (counts[j], seen[j], len(r.token_ids)) for j, r in enumerate(rows) if _keeps(r)}
         return counts, seen
+
+
+def _keeps(row: ProcessedRow) -> bool:
+    """Whether a row's counts are kept for its sequence's next step: its own tokens (a verify row's drafts may be
+    rejected: its counts are rebuilt each time)."""
+    return row.seq_id >= 0 and row.draft_index == 0
 
 
 def _apply_penalties(scores: torch.Tensor, rows: list[ProcessedRow], penalties: PenaltyCounts) -> None:

@@ -114,3 +114,25 @@ def test_speculation_refuses_async_scheduling_and_a_draft_under_tp() -> None:
 def test_a_draft_model_must_share_the_tokenizer() -> None:
     with pytest.raises(ValueError, match="tokenizer"):
         LLM(MODEL, device="cpu", speculative_config={"model": checkpoint_path("qwen3-words-hd32")})
+
+
+def test_speculation_keeps_structured_outputs() -> None:
+    """Each verify row is masked by the grammar after the drafts before it (a matcher per sequence, rolled back when
+    drafts are rejected): n-gram speculation gives the plain engine's constrained outputs, a draft model's valid
+    ones."""
+    import re
+
+    from nanovllm_ref.sampling_params import StructuredOutputsParams
+
+    regex = r"(ab|cd)+ [0-9]{3}"
+    params = [SamplingParams(temperature=t, seed=2, max_tokens=40, repetition_penalty=1.2, logprobs=1,
+                             structured_outputs=StructuredOutputsParams(regex=regex)) for t in (0.0, 0.9)]
+    with LLM(MODEL, dtype="float32", device="cpu") as llm:
+        want = _run(llm, params)
+    with LLM(MODEL, dtype="float32", device="cpu", speculative_config=NGRAM) as llm:
+        assert _run(llm, params) == want
+        assert llm.stats().spec_decoding.num_accepted_tokens > 0
+    with LLM(MODEL, dtype="float32", device="cpu", speculative_config={"model": MODEL}) as llm:
+        for o in llm.generate(PROMPTS, params[1], use_tqdm=False):
+            prefix = r"(ab|cd)+( [0-9]{0,3})?|(ab|cd)*[ac]?"  # what a run cut by max_tokens may have written
+            assert re.fullmatch(regex if o.finish_reason == "stop" else prefix, o.text), o.text

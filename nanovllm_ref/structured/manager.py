@@ -14,6 +14,9 @@ prefix of those and the row's output tokens, and accepts the rest. So a sequence
 may be rejected afterwards (the next step's row is shorter: rolled back), and preemption and recompute change
 nothing (the tokens are the same). A token the grammar refuses (a draft the target will reject) stops the
 acceptance there: that row, and the sequence's later rows in the step, get the mask of the last state reached.
+Rows come in any order and any number per sequence; only the last MAX_REDRAFT consumed tokens are compared (a draft
+is shorter; older tokens never change). xgrammar 0.2's rollback is unbounded (`max_rollback_tokens` is deprecated
+there and not passed).
 
 Stop tokens: the matcher's stop tokens are the request's (EOS and stop_token_ids; the engine's EOS ids where those
 are empty, ignore_eos), so the grammar allows them exactly where it may end, and only them once it has ended; a

@@ -6,9 +6,10 @@ current one's tokens are read back, its rows continuing from them taking them on
 scheduling, SGLang's overlap scheduler).
 
 Bad input raises before any state changes (SamplingParams range-checks its fields when it is made, seeds to
-64 bits; here the prompt, token ids and top_k are checked against the vocabulary and the request against the
-cache); a failing request (non-finite logits) is finished with an error while the others go on; an exception
-inside a step fails only that step's requests. Reading the checkpoint: loader.py; resolving the runner: config.py.
+64 bits; here the prompt, token ids and top_k are checked against the vocabulary, the request against the cache,
+and structured outputs compiled: nanovllm_ref/structured/, whose bitmask `_prepare` adds to each step's inputs); a
+failing request (non-finite logits) is finished with an error while the others go on; an exception inside a step
+fails only that step's requests. Reading the checkpoint: loader.py; resolving the runner: config.py.
 
 The public surface besides requests and `step()` (whose outputs, per request and per step, output_processor.py
 builds): `stats()` (load: running, waiting, KV cache usage, preemptions), `reset_prefix_cache()`, and observers

@@ -14,6 +14,9 @@ prefix of those and the row's output tokens, and accepts the rest. So a sequence
 may be rejected afterwards (the next step's row is shorter: rolled back), and preemption and recompute change
 nothing (the tokens are the same). A token the grammar refuses (a draft the target will reject) stops the
 acceptance there: that row, and the sequence's later rows in the step, get the mask of the last state reached.
+Rows come in any order and any number per sequence; only the last MAX_REDRAFT consumed tokens are compared (a draft
+is shorter; older tokens never change). xgrammar 0.2's rollback is unbounded (`max_rollback_tokens` is deprecated
+there and not passed).
 
 Stop tokens: the matcher's stop tokens are the request's (EOS and stop_token_ids; the engine's EOS ids where those
 are empty, ignore_eos), so the grammar allows them exactly where it may end, and only them once it has ended; a
@@ -82,51 +85,50 @@ class StructuredOutputManager:
         rows = [r for r in rows if r.params.structured_outputs is not None]
         if not rows:
             return None
-        mask = torch.full((len(rows), self.words), -1, dtype=torch.int32)  # (xgrammar fills torch tensors)
+        mask = np.zeros((len(rows), self.words), np.int32)
+        view = torch.from_numpy(mask)  # (xgrammar fills torch tensors: this one shares the array's memory)
         for i, row in enumerate(rows):
             tracked = self._tracked.get(row.seq_id)
             if tracked is None:  # (a sequence added without `add`: its matcher from the row)
                 self.add(row.seq_id, row.params.structured_outputs, row.stop_ids)
                 tracked = self._tracked[row.seq_id]
-            self._fill(tracked, row, mask, i)
-        return mask.numpy(), [r.row for r in rows]
+            self._fill(tracked, row, mask, view, i)
+        return mask, [r.row for r in rows]
 
-    def _fill(self, tracked: _Tracked, row: ProcessedRow, mask: torch.Tensor, i: int) -> None:
+    def _fill(self, tracked: _Tracked, row: ProcessedRow, mask: np.ndarray, view: torch.Tensor, i: int) -> None:
         follow(tracked, row.token_ids, row.num_prompt_tokens)
         if tracked.matcher.is_terminated():  # (it accepted a stop token: ignore_eos goes on past it)
-            _only(mask, i, tracked.stop_ids)
+            _only(mask[i], tracked.stop_ids)
             return
-        tracked.matcher.fill_next_token_bitmask(mask, i)
+        tracked.matcher.fill_next_token_bitmask(view, i)
         if not mask[i].any():
-            _only(mask, i, tracked.stop_ids)
+            _only(mask[i], tracked.stop_ids)
 
 
 def follow(tracked: _Tracked, token_ids: list[int], num_prompt_tokens: int) -> bool:
     """Bring the matcher to the output tokens token_ids[num_prompt_tokens:]: roll back to the common prefix with what it
     consumed, accept the rest; False if the grammar refused one (the matcher stays at the last state reached)."""
-    consumed, matcher = tracked.consumed, tracked.matcher
-    num_out = len(token_ids) - num_prompt_tokens
-    same = min(len(consumed), num_out)
-    for j in range(max(0, same - MAX_REDRAFT), same):  # (older tokens never change)
-        if consumed[j] != token_ids[num_prompt_tokens + j]:
-            same = j
-            break
+    consumed, matcher, start = tracked.consumed, tracked.matcher, num_prompt_tokens
+    same = min(len(consumed), len(token_ids) - start)
+    old = max(0, same - MAX_REDRAFT)  # (older tokens never change)
+    if token_ids[start + old:start + same] != consumed[old:same]:  # (rare: a draft was rejected)
+        same = next(j for j in range(old, same) if consumed[j] != token_ids[start + j])
     if same < len(consumed):
         matcher.rollback(len(consumed) - same)
         del consumed[same:]
-    for token in token_ids[num_prompt_tokens + same:]:
+    for token in token_ids[start + same:]:
         if matcher.is_terminated() or not matcher.accept_token(token):
             return False
         consumed.append(token)
     return True
 
 
-def _only(mask: torch.Tensor, i: int, ids: list[int]) -> None:
-    """Row i of the bitmask allows exactly `ids` (all tokens when there are none: nothing to end on)."""
+def _only(words: np.ndarray, ids: list[int]) -> None:
+    """A bitmask row (int32 words) allowing exactly `ids` (all tokens when there are none: nothing to end on)."""
     if not ids:
-        mask[i] = -1
+        words[:] = -1
         return
-    words = np.zeros(mask.shape[1], np.int64)
+    bits = np.zeros(len(words), np.uint32)
     for t in ids:
-        words[t // 32] |= 1 << (t % 32)
-    mask[i] = torch.from_numpy(words.astype(np.uint32).view(np.int32))
+        bits[t // 32] |= np.uint32(1 << (t % 32))
+    words[:] = bits.view(np.int32)

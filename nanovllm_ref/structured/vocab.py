@@ -49,6 +49,7 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Any:
     width), special tokens without text, a raw vocabulary's tokens as decoded in context (module docstring)."""
     import xgrammar as xgr
 
+    stops = list(stop_ids) or None  # (none: the tokenizer's EOS, as xgrammar finds it)
     special = special_ids(tokenizer)
     encoded = [""] * vocab_size
     for token, i in tokenizer.get_vocab().items():
@@ -57,13 +58,13 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Any:
     if _has_no_decoder(tokenizer):  # (xgrammar's detection would warn that it found none: raw)
         vocab_type, add_prefix_space = xgr.VocabType.RAW, False
     else:
-        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         vocab_type, add_prefix_space = detected.vocab_type, detected.add_prefix_space
     if vocab_type == xgr.VocabType.RAW and getattr(tokenizer, "backend_tokenizer", None) is not None:
         ordinary = [i for i, t in enumerate(encoded) if t]
         for i, text in in_context_texts(tokenizer, ordinary, special).items():
             encoded[i] = text
-    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stop_ids,
+    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stops,
                              add_prefix_space=add_prefix_space)
 
 

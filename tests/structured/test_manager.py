@@ -4,6 +4,8 @@ afterwards); the request's stop tokens where the grammar may end, only them once
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,9 @@ def test_matchers_per_sequence_and_release():
     m.release(1)
     m.release(1)  # (idempotent)
     assert m.num_tracked == 1
+
+
+def test_without_xgrammar_a_structured_request_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # (import xgrammar raises ImportError)
+    with pytest.raises(ValueError, match=r"structured_outputs need the xgrammar package: pip install"):
+        manager().compile(SCHEMA)

@@ -2,12 +2,13 @@
 
 Each :class:`Spec` is one ``structured_outputs`` setting (vLLM's keys: ``json``, ``regex``, ``choice``, ``grammar``,
 ``json_object``) with the vocabulary kinds that can spell it (nanovllm_ref/oracle/grammar_reference.py's
-``TokenTable.kind``: a WordLevel vocabulary spells only its words, with no space between them, so it gets specs made
-of those) and whether the reference's language is vLLM's (xgrammar's) exactly, so that the distribution under it can
-be compared token for token: ``exact=False`` names the documented difference, and such a spec is checked for validity
-only. Validity (:func:`why_invalid`): a JSON spec's output parses (``json.loads``, RFC 8259) and validates against the
-schema (``jsonschema``, Draft 2020-12; ``json_object``: an object); a regex is ``re.fullmatch``-ed; a choice is one of
-its strings; a grammar's output is accepted whole by the reference matcher (llguidance), as every output is too.
+``TokenTable.kind``: a WordLevel vocabulary spells only its words, each after a space, so it gets specs made of
+those, prefix-free: free JSON has dead ends there, " n" starting "null" with no token to follow it) and whether the
+reference's language is vLLM's (xgrammar's) exactly, so that the distribution under it can be compared token for
+token: ``exact=False`` names the documented difference, and such a spec is checked for validity only. Validity
+(:func:`why_invalid`): a JSON spec's output parses (``json.loads``, RFC 8259) and validates against the schema
+(``jsonschema``, Draft 2020-12; ``json_object``: an object); a regex is ``re.fullmatch``-ed; a choice is one of its
+strings; a grammar's output is accepted whole by the reference matcher (llguidance), as every output is too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-ALL = ("byte-level", "byte-fallback", "raw")
 SPELLS_TEXT = ("byte-level", "byte-fallback")  # vocabularies whose tokens spell any text (raw: its words only)
 
 
@@ -33,11 +33,11 @@ def _obj(properties: dict, required: list[str]) -> dict:
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-WORD_ITEMS = 'root ::= " (" item (" ," item)* " )"\nitem ::= " self" | " None" | " " [0-9]\n'
+WORD_ITEMS = 'root ::= " (" item (" ," item)* " )"\nitem ::= " x" | " y" | " " [0-9]\n'
 ARITHMETIC = 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"\n'
 
 SPECS: dict[str, Spec] = {
-    "empty-schema": Spec({"json": {}}, ALL),
+    "empty-schema": Spec({"json": {}}),
     "enum": Spec({"json": _obj({"color": {"enum": ["red", "green", "blue"]}, "n": {"enum": [1, 2, None]}},
                                ["color", "n"])}),
     "nested": Spec({"json": _obj({"user": _obj({"id": {"type": "integer", "minimum": 0},
@@ -57,16 +57,17 @@ SPECS: dict[str, Spec] = {
                                   "(RFC 8259 the reverse)"),
     "optional-properties": Spec({"json": _obj({"a": {"type": "boolean"}, "b": {"type": "null"},
                                                "c": {"type": "integer", "minimum": 0}}, ["b"])}),
-    "json-object": Spec({"json_object": True}, ALL),
+    "json-object": Spec({"json_object": True}),
     "regex": Spec({"regex": r"[a-z]{1,6}(-[0-9]{1,3})?"}),
     "choice": Spec({"choice": ["yes", "no", "maybe not"]}),
     "grammar": Spec({"grammar": ARITHMETIC}),
-    # a WordLevel vocabulary: every token spells a space first (" self"), so its strings and keys have spaces too
-    "words-json": Spec({"json": _obj({" name ": {"enum": [" self ", " data "]}, " ok ": {"type": "boolean"},
-                                      " n ": {"type": "integer", "minimum": 0, "maximum": 9}}, [" name ", " n "])},
+    # a WordLevel vocabulary: every token spells a space first (" x"), so its strings and keys have spaces too, and
+    # the specs are prefix-free on it (" n" starts " null" and " name", and no token can follow it: a dead end)
+    "words-json": Spec({"json": _obj({" x ": {"enum": [" a ", " b "]}, " y ": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 9}}, [" x ", " y "])},
                        ("raw",)),
-    "words-regex": Spec({"regex": r"( self| name| value)( \.( data| key| name)){0,2}"}, ("raw",)),
-    "words-choice": Spec({"choice": [" self", " None", " True", " False", " name"]}, ("raw",)),
+    "words-regex": Spec({"regex": r"( [a-z0-9]){1,4}"}, ("raw",)),
+    "words-choice": Spec({"choice": [" a", " b", " x", " 0"]}, ("raw",)),
     "words-grammar": Spec({"grammar": WORD_ITEMS}, ("raw",)),
 }
 

@@ -5,7 +5,7 @@ or str; ``regex``; ``choice``: a list of strings; ``grammar``: an EBNF (GBNF) gr
 reference turns it into an llguidance grammar (https://github.com/guidance-ai/llguidance, an implementation
 independent of xgrammar, which vLLM and nanovllm_ref use) and gives, for any token prefix, the set of tokens the
 grammar allows next (:meth:`GrammarReference.allowed`), and how much of a token sequence it accepts
-(:meth:`GrammarReference.walk`). :class:`XGrammarReference` computes the same from xgrammar
+(:meth:`GrammarReference.walk`). grammar_crosscheck.py computes the same from xgrammar
 (https://github.com/mlc-ai/xgrammar) on the same token table: the oracle's self-tests compare the two.
 
 What a token spells (:func:`token_table`, one table for both implementations): byte-level BPE (a ``ByteLevel``
@@ -26,8 +26,10 @@ order; the suite's schemas say ``additionalProperties: false`` where xgrammar's 
 begin with whitespace ``[ \t\n]*`` (RFC 8259's ``ws value``; else nothing could be written); ``choice`` is the
 alternation of its strings; a regex must match the whole output. llguidance's forcing of canonical tokenizations is
 off (``no_forcing``): every token whose bytes the grammar allows is allowed, as in xgrammar. Known convention
-differences (llguidance's, kept): DEL (U+007F) unescaped in a JSON string and the integer ``-0`` (xgrammar allows
-the first, refuses the second): :data:`DISPUTED_BYTES` names the byte the self-test sets apart.
+differences: DEL (U+007F) raw in a JSON string, which RFC 8259 and xgrammar allow and llguidance refuses
+(``allowed(..., raw_del=True)`` gives the former: wherever the grammar allows the token "~" raw, in a free JSON
+string, it allows the DEL token too; the checks accept either), and the integer ``-0``, which only llguidance allows
+(the suite's integer schemas are non-negative). The second implementation: grammar_crosscheck.py.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ import torch
 
 KEYS = ("json", "regex", "choice", "grammar", "json_object")
 WHITESPACE = r"[ \n\r\t]*"  # vLLM's default (xgrammar's any_whitespace) between JSON tokens
-DISPUTED_BYTES = (0x7F,)  # inside a JSON string: allowed raw by xgrammar (and RFC 8259), refused by llguidance
 CACHE = 8192  # matcher states kept per reference
 
 
@@ -224,8 +225,15 @@ class GrammarReference:
         wrapped = _Wrapped(self.table, AutoTokenizer.from_pretrained(model_path))
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapped),
                                                 n_vocab=self.table.vocab_size, eos_token=list(self.table.eos))
-        self.grammars: dict[str, str] = {}
+        self.grammars: dict[str, Any] = {}
         self.matchers = _Matchers(self._fresh)
+        self._init_del()
+
+    def _init_del(self) -> None:
+        """The DEL tokens, and the "~" token whose being allowed raw marks a free JSON string (``raw_del``)."""
+        pieces = self.table.pieces
+        self.del_tokens = [i for i, p in enumerate(pieces) if p == b"\x7f"]
+        self.tilde = next((i for i, p in enumerate(pieces) if p == b"~"), None)
 
     def _key(self, structured: dict[str, Any]) -> str:
         key = json.dumps(structured, sort_keys=True, ensure_ascii=False)
@@ -248,24 +256,33 @@ class GrammarReference:
         return llguidance.LLMatcher(self.tokenizer, self.grammars[key], log_level=0)
 
 
-    def allowed(self, structured: dict[str, Any], prefix: list[int]) -> torch.Tensor:
+    def allowed(self, structured: dict[str, Any], prefix: list[int], raw_del: bool = False) -> torch.Tensor:
         """(vocab,) bool: the tokens the grammar allows after ``prefix`` (all False after a refused token or an EOS;
-        only EOS where the grammar accepts and can go no further, or where nothing it allows can be spelled)."""
+        only EOS where the grammar accepts and can go no further, or where nothing it allows can be spelled);
+        ``raw_del``: with RFC 8259's DEL in JSON strings (module docstring)."""
+        if not raw_del or schema_of(structured) is None or self.tilde is None:
+            return self._allowed(structured, prefix)
+        mask = self._allowed(structured, [self.tilde if t in self.del_tokens else t for t in prefix])
+        if mask[self.tilde]:  # (a DEL in the prefix stands for a raw "~": the same to a free JSON string)
+            mask[self.del_tokens] = True
+        return mask
+
+    def _allowed(self, structured: dict[str, Any], prefix: list[int]) -> torch.Tensor:
         state = self.matchers.get(self._key(structured), tuple(prefix))
         if state is None or (prefix and prefix[-1] in self.table.eos):  # refused, or ended by an EOS it accepted
             return torch.zeros(self.table.vocab_size, dtype=torch.bool)
         return _dead_end_ends(_bits(np.frombuffer(state.compute_bitmask(), dtype="<u4"), self.table.vocab_size),
                               self.table.eos)
 
-    def walk(self, structured: dict[str, Any], tokens: list[int]) -> Walk:
+    def walk(self, structured: dict[str, Any], tokens: list[int], raw_del: bool = False) -> Walk:
         """How much of ``tokens`` the grammar accepts, and whether it accepts that as a whole (EOS tokens in
         ``tokens`` count as accepted where the grammar allows them)."""
         n = 0
-        while n < len(tokens) and bool(self.allowed(structured, tokens[:n])[tokens[n]]):
+        while n < len(tokens) and bool(self.allowed(structured, tokens[:n], raw_del)[tokens[n]]):
             n += 1
         accepted = tokens[:n]
         ended = bool(accepted) and accepted[-1] in self.table.eos
-        eos_ok = any(bool(self.allowed(structured, accepted)[e]) for e in self.table.eos)
+        eos_ok = any(bool(self.allowed(structured, accepted, raw_del)[e]) for e in self.table.eos)
         return Walk(n, ended or eos_ok)
 
 
@@ -281,51 +298,3 @@ class _Wrapped:
 
     def __call__(self, text: bytes) -> list[int]:
         return self.tokenizer.encode(text.decode("utf-8", "replace"), add_special_tokens=False)
-
-
-class XGrammarReference(GrammarReference):
-    """xgrammar's allowed sets on the same token table: the second implementation of the self-tests."""
-
-    name = "xgrammar"
-
-    def __init__(self, model_path: str) -> None:
-        import xgrammar
-
-        self.table = token_table(model_path)
-        encoded = [p if p is not None else b"" for p in self.table.pieces]  # empty: xgrammar's special tokens
-        info = xgrammar.TokenizerInfo(encoded, xgrammar.VocabType.RAW, vocab_size=self.table.vocab_size,
-                                      stop_token_ids=list(self.table.eos))
-        self.compiler, self.grammars = xgrammar.GrammarCompiler(info, max_threads=1), {}
-
-    def compile(self, structured: dict[str, Any]) -> Any:
-        import xgrammar
-
-        key, value = check_spec(structured)
-        if key in ("json", "json_object"):
-            schema = json.dumps(schema_of(structured))
-            if not self.table.leading_space:
-                return self.compiler.compile_json_schema(schema, any_whitespace=True)
-            lead = xgrammar.Grammar.from_ebnf(r"root ::= [ \t\n]*")
-            return self.compiler.compile_grammar(
-                xgrammar.Grammar.concat(lead, xgrammar.Grammar.from_json_schema(schema, any_whitespace=True)))
-        if key == "regex":
-            return self.compiler.compile_regex(value)
-        if key == "choice":  # vLLM's choice_as_grammar
-            return self.compiler.compile_grammar("root ::= " + " | ".join(
-                '"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"' for c in value))
-        return self.compiler.compile_grammar(value)
-
-    def allowed(self, structured: dict[str, Any], prefix: list[int]) -> torch.Tensor:
-        """As :meth:`GrammarReference.allowed`, from a fresh xgrammar matcher fed ``prefix``."""
-        import xgrammar
-
-        key = self._key(structured)
-        matcher = xgrammar.GrammarMatcher(self.grammars[key])
-        for t in prefix:
-            if matcher.is_terminated() or not matcher.accept_token(t):
-                return torch.zeros(self.table.vocab_size, dtype=torch.bool)
-        if matcher.is_terminated():
-            return torch.zeros(self.table.vocab_size, dtype=torch.bool)
-        bitmask = xgrammar.allocate_token_bitmask(1, self.table.vocab_size)
-        matcher.fill_next_token_bitmask(bitmask)
-        return _dead_end_ends(_bits(bitmask.numpy()[0].view(np.uint32), self.table.vocab_size), self.table.eos)

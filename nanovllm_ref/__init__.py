@@ -8,9 +8,9 @@ from typing import Any
 
 from .config import Config
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "Config", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "Config", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

@@ -5,14 +5,17 @@ Field names, defaults and semantics follow vLLM's `SamplingParams` so users can 
 strings, skip_special_tokens, spaces_between_special_tokens and n as in vLLM / the OpenAI API; the text policy:
 engine/detokenizer.py). `logprobs_mode` is vLLM's engine-level setting, per request here. `output_kind` (vLLM's
 `RequestOutputKind`) says what `LLMEngine.step()` returns for the request: cumulative outputs, deltas, or only the
-final output (`LLM.generate` always takes the final one). What depends on the
-model (token ids < vocab size, top_k <= vocab size, stop strings need a tokenizer: `check_model_limits`) is
-checked first when the request is added (LLMEngine.validate_request). Every message names the field and its limit.
+final output (`LLM.generate` always takes the final one). `structured_outputs` (vLLM's
+`StructuredOutputsParams`: a JSON schema, a regex, a choice, a grammar or any JSON object) constrains the output
+(nanovllm_ref/structured/). What depends on the model (token ids < vocab size, top_k <= vocab size, stop strings
+and structured outputs need a tokenizer: `check_model_limits`; a schema, regex or grammar must compile) is checked
+first when the request is added (LLMEngine.validate_request). Every message names the field and its limit.
 References: vLLM vllm/sampling_params.py; OpenAI API reference (presence/frequency penalties, logit_bias).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -31,6 +34,74 @@ class RequestOutputKind(IntEnum):
     CUMULATIVE = 0  # every step it advanced in: everything so far
     DELTA = 1  # every step it advanced in: only what is new (the pieces concatenate to the final output)
     FINAL_ONLY = 2  # once, when it finished
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on a request's output, vLLM's `StructuredOutputsParams` fields (exactly one set): `json` a JSON
+    schema (a dict, or its JSON text), `regex` a regular expression the whole output matches, `choice` one of the
+    strings, `grammar` an EBNF grammar as xgrammar reads it (GBNF, with a `root` rule) or a Lark grammar (no `::=`),
+    `json_object` any JSON object. Only the form is checked here; the engine compiles it (an invalid schema, regex
+    or grammar raises ValueError naming `structured_outputs.<kind>` then). `key` is the compile cache's key."""
+
+    json: dict | str | None = field(default=None, hash=False)  # (a dict: hashed through `key`)
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    _json_text: str | None = field(default=None, init=False, repr=False, compare=False)  # canonical `json`
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
+        given = self._given()
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs: exactly one of {', '.join(STRUCTURED_KINDS)} must be set, got "
+                             f"{', '.join(given) or 'none'}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            choice = self.choice
+            if not isinstance(choice, (list, tuple)) or not choice or not all(isinstance(c, str) for c in choice):
+                raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {choice!r}")
+            object.__setattr__(self, "choice", tuple(choice))
+        if self.json is not None:
+            object.__setattr__(self, "_json_text", _schema_text(self.json))
+
+    def _given(self) -> list[str]:
+        return [k for k in STRUCTURED_KINDS
+                if (self.json_object if k == "json_object" else getattr(self, k) is not None)]
+
+    @property
+    def kind(self) -> str:
+        """The field that is set: one of STRUCTURED_KINDS."""
+        return self._given()[0]
+
+    @property
+    def key(self) -> tuple[str, str | tuple[str, ...] | bool]:
+        """(kind, value): a JSON schema as its canonical text (sorted keys), so equal schemas share a compilation."""
+        kind = self.kind
+        return kind, self._json_text if kind == "json" else getattr(self, kind)
+
+
+def _schema_text(schema: object) -> str:
+    """A JSON schema (a dict, or JSON text of an object or a boolean schema) as canonical JSON text."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {type(schema).__name__}")
+    try:
+        return json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"structured_outputs.json is not JSON-serializable: {e}") from None
 
 
 def _is_int(value: object) -> bool:
@@ -84,6 +155,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logprobs_mode: str = "raw_logprobs"
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         check_int("n", self.n, 1, MAX_N)
@@ -121,6 +193,9 @@ class SamplingParams:
             raise ValueError(f"output_kind must be a RequestOutputKind ({', '.join(k.name for k in RequestOutputKind)}"
                              f"), got {self.output_kind!r}")
         object.__setattr__(self, "output_kind", RequestOutputKind(self.output_kind))
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams or None, got "
+                             f"{type(self.structured_outputs).__name__}")
 
     def check_model_limits(self, vocab_size: int, has_tokenizer: bool) -> None:  # see the module docstring
         if self.top_k > vocab_size:
@@ -131,6 +206,9 @@ class SamplingParams:
                 raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
         if self.stop and not has_tokenizer:
             raise ValueError("stop strings need a tokenizer, and the checkpoint has none: use stop_token_ids")
+        if self.structured_outputs is not None and not has_tokenizer:
+            raise ValueError("structured_outputs need a tokenizer (the grammar reads token texts), and the checkpoint "
+                             "has none")
 
     @property
     def uses_penalties(self) -> bool:
@@ -138,9 +216,10 @@ class SamplingParams:
 
     @property
     def needs_logits_processing(self) -> bool:
-        """Whether the request's row takes the torch processing path (the fused sampler does the rest)."""
+        """Whether the request's row takes the torch processing path (the fused sampler does the rest); a structured
+        request's rows too: each sampling row then has a ProcessedRow, whose tokens the grammar's mask follows."""
         return (self.uses_penalties or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias)
-                or self.logprobs_mode != "raw_logprobs")
+                or self.logprobs_mode != "raw_logprobs" or self.structured_outputs is not None)
 
 
 def _checked_logit_bias(bias: object) -> dict[int, float] | None:

@@ -2,11 +2,11 @@
 
 Two rules. No circle: the graph of imports among the project's modules (nanovllm_ref, conformance, golden, tools,
 perf), module-level and function-level imports alike, is acyclic; only imports under `if TYPE_CHECKING:` are left
-out, since they never run. Layers: the engine (nanovllm_ref's engine, layers, models, attention and kernels, and
-its own modules: the package, llm, config, loader, outputs, sampling_params, distributed, chat_template) never
-imports what is built on it (the server, the oracle, the goldens, the test helpers, the conformance suite), and the
-goldens never import the oracle, so that `golden` stays data plus its makers. And perf/ names no module as the
-bench package it is built on does.
+out, since they never run. Layers: the engine (nanovllm_ref's engine, layers, models, attention, kernels and
+structured outputs, and its own modules: the package, llm, config, loader, outputs, sampling_params, distributed,
+chat_template) never imports what is built on it (the server, the oracle, the goldens, the test helpers, the
+conformance suite), and the goldens never import the oracle, so that `golden` stays data plus its makers. And perf/
+names no module as the bench package it is built on does.
 """
 
 from __future__ import annotations

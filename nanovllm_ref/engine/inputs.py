@@ -41,8 +41,13 @@ class StepInput:
     seeds: list[int] = field(default_factory=list)
     counters: list[int] = field(default_factory=list)  # position of the token being sampled
     num_logprobs: list[int] = field(default_factory=list)  # -1: none
-    # rows with penalties, logit bias, min_tokens, min-p or processed logprobs (empty for plain batches)
+    # rows with penalties, logit bias, min_tokens, min-p, processed logprobs or structured outputs (empty for plain
+    # batches)
     processed: list[ProcessedRow] = field(default_factory=list)
+    # structured outputs (the engine's StructuredOutputManager fills them after prepare_step): the grammars' allowed
+    # tokens, (m, ceil(vocab / 32)) int32 (token v: bit v % 32 of word v // 32), and the m rows (sampling row indices)
+    bitmask: np.ndarray | None = None
+    bitmask_rows: list[int] = field(default_factory=list)
     # prompt logprobs: (seq_id, rows, target token ids, k)
     prompt_logprobs: list[tuple[int, list[int], list[int], int]] = field(default_factory=list)
 

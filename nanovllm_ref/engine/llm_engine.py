@@ -28,9 +28,10 @@ from ..config import Config, ModelConfig, resolve_spec
 from ..loader import load_hf_config, load_tokenizer
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..structured.manager import StructuredOutputManager
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer, feed
-from .inputs import prepare_step
+from .inputs import StepInput, prepare_step
 from .model_runner import ModelRunner, StepOutput
 from .observers import EngineStats, ScheduleObserver
 from .output_processor import OutputProcessor
@@ -70,10 +71,13 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
+        eos_ids = eos_token_ids(config.model, self.model_config)
         self.scheduler = (OverlapScheduler if self.async_scheduling else Scheduler)(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len,
-            eos_token_ids(config.model, self.model_config),
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.spec.max_model_len, eos_ids,
         )
+        # structured outputs: grammars and one matcher per constrained sequence (xgrammar imported on first use)
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, eos_ids)
+        self.scheduler.finish_listeners.append(lambda seq: self.structured.release(seq.seq_id))
         self._rng = random.Random(config.seed)
         self.requests: dict[str, Sequence] = {}
         self._outputs = OutputProcessor(self._finalize)
@@ -100,6 +104,8 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.check_model_limits(self.vocab_size, self.tokenizer is not None)  # (ranges: SamplingParams itself)
+        if params.structured_outputs is not None:  # compiled now (cached): an invalid one raises, naming the field
+            self.structured.compile(params.structured_outputs)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompt given but the checkpoint has no tokenizer files; pass token ids")
@@ -129,6 +135,8 @@ class LLMEngine:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if params.structured_outputs is not None:  # (a cache hit after validate_request; raises before any is added)
+            self.structured.compile(params.structured_outputs)
         base = params.seed if params.seed is not None else self._rng.getrandbits(63)
         seqs = []
         for i in range(params.n):
@@ -140,6 +148,8 @@ class LLMEngine:
             seq.group = seqs if params.n > 1 else None  # (this loop fills the list)
             seqs.append(seq)
             self.scheduler.add(seq)
+            if params.structured_outputs is not None:  # (after Scheduler.add: its stop ids have EOS)
+                self.structured.add(seq.seq_id, params.structured_outputs, seq.stop_ids)
         self.requests[request_id] = seqs[0]
         self._outputs.add(seqs)
         return request_id
@@ -223,8 +233,17 @@ class LLMEngine:
         out = self._schedule()
         if not out.scheduled:
             return []
-        launched = self.runner.launch(prepare_step(out, self.config.kvcache_block_size))
+        launched = self.runner.launch(self._prepare(out))
         return self._apply(out, self.runner.collect(launched))
+
+    def _prepare(self, out: SchedulerOutput) -> StepInput:
+        """The step's inputs (inputs.prepare_step), with the grammars' bitmask of its structured sampling rows."""
+        step = prepare_step(out, self.config.kvcache_block_size)
+        if step.processed:
+            masked = self.structured.bitmask(step.processed)
+            if masked is not None:
+                step.bitmask, step.bitmask_rows = masked
+        return step
 
     def _schedule(self) -> SchedulerOutput:
         """The next step's schedule, failed together with the step if the step raises (`_stepping`)."""

@@ -18,6 +18,7 @@ from ..attention import BACKENDS, forward_context
 from ..config import ModelConfig, RunnerSpec
 from ..distributed import all_reduce_min, broadcast_from_first_rank, rank_kv_heads, tp_rank, tp_size
 from ..kernels.kv_quant import kv_scales_from_checkpoint
+from ..kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_reference
 from ..layers.attention import Attention
 from ..layers.logits_processing import PenaltyCounts, logprob_scores, sample_processed
 from ..layers.sampler import SamplingBatch, sample, top_logprobs
@@ -244,6 +245,10 @@ class ModelRunner:
             [(step.sample_rows, i64), (step.top_k, i64), (step.seeds, i64), (step.counters, i64),
              (step.temperature, f32), (step.top_p, f32)], self.device)
         sample_logits = logits if step.sample_rows_are_all_rows() else logits[rows]
+        finite = None
+        if step.bitmask is not None:  # the grammar's mask first, before logprobs and any processing (as vLLM)
+            finite = torch.isfinite(sample_logits).all(dim=-1)  # the model's logits (the mask writes -inf)
+            self._apply_bitmask(sample_logits, step)
         batch = SamplingBatch(
             temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, counters=counters,
             needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),
@@ -254,7 +259,15 @@ class ModelRunner:
             packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()
         processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)
                      if step.processed else None)
+        if finite is not None:
+            packed[1] = finite
         return sample_logits, packed, processed
+
+    def _apply_bitmask(self, sample_logits: torch.Tensor, step: StepInput) -> None:
+        """-inf on the tokens the grammars refuse, in the structured rows of the sampling rows' logits (in place)."""
+        bitmask = torch.from_numpy(step.bitmask).to(self.device, non_blocking=True)
+        rows = torch.tensor(step.bitmask_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        (apply_token_bitmask if self.use_kernels else apply_token_bitmask_reference)(sample_logits, bitmask, rows)
 
 
 def _logprob_dicts(logits: torch.Tensor, targets: torch.Tensor, ks: list[int], scores: torch.Tensor | None = None,

@@ -14,9 +14,10 @@ launch and compute overlap; also under tensor parallelism. Three pieces:
   the step in flight's sampled tokens (its device token buffer, Launched.tokens) for the others, matched by sequence
   (the step behind orders its rows its own way: rows that finished in flight are gone, new and preempted rows come in).
 - Overlap, the loop: launch the step, schedule and launch the one behind it, then wait for the first and apply it.
-  Only steps the device samples alone are launched behind another (no logprobs, no logits processing: vLLM leaves
-  these out too); one that is not waits until the tokens it continues from are known. A row that finishes in the step
-  in flight computes one more token in the step behind, which is dropped (as vLLM).
+  Only steps the device samples alone are launched behind another (no logprobs, no logits processing, structured
+  outputs included: vLLM leaves these out too); one that is not waits until the tokens it continues from are known
+  (a grammar's bitmask follows them). A row that finishes in the step in flight computes one more token in the step
+  behind, which is dropped (as vLLM).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Overlap:
         if launched is None:
             if not out.scheduled:
                 return []
-            launched = engine.runner.launch(prepare_step(out, engine.config.kvcache_block_size))
+            launched = engine.runner.launch(engine._prepare(out))
         if device_samples_alone(launched.step):
             self.ahead = self._launch_behind(out, launched)
         finished = engine._apply(out, engine.runner.collect(launched))
@@ -143,7 +144,7 @@ class Overlap:
             return None
         engine._stepping.append(ahead)
         step = prepare_step(ahead, engine.config.kvcache_block_size)
-        if not device_samples_alone(step):
+        if not device_samples_alone(step):  # (prepared again, grammar bitmask included, once its tokens are known)
             return ahead, None
         rows = gather_rows(ahead, step, launched.step)
         return ahead, engine.runner.launch(step, None if rows is None else launched, rows)

@@ -18,6 +18,7 @@ plain data (observers.py), so tests can check each one against the invariants ab
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.observers: list[Any] = []  # each with on_schedule(ScheduleDecision)
+        self.finish_listeners: list[Callable[[Sequence], None]] = []  # called with every sequence that finishes
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Raise ValueError if a request of this size could never run, whatever else is going on."""
@@ -185,3 +187,5 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        for listener in self.finish_listeners:
+            listener(seq)

@@ -46,8 +46,11 @@ SPECS: dict[str, Spec] = {
     "array-bounds": Spec({"json": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
                                    "minItems": 2, "maxItems": 4}}),
     "string-pattern": Spec({"json": {"type": "string", "pattern": "^[a-z]{2,5}-[0-9]{2}$"}}),
-    "unicode": Spec({"json": _obj({"word": {"enum": ["héllo", "日本", "😀 ok"]},
-                                   "free": {"type": "string", "pattern": "^[a-zé日本☃]{0,3}$"}}, ["word", "free"])}),
+    "unicode": Spec({"json": _obj({"free": {"type": "string", "pattern": "^[a-zé日本☃]{0,3}$"},
+                                   "word": {"enum": ["héllo", "日本", "😀 ok"]}}, ["free", "word"])}),
+    # properties in the schema's order, which is not alphabetical (xgrammar keeps the order of the schema it is given)
+    "property-order": Spec({"json": _obj({"zeta": {"enum": [1, 2]}, "alpha": {"type": "boolean"}},
+                                         ["zeta", "alpha"])}),
     "integer-bounds": Spec({"json": _obj({"i": {"type": "integer", "minimum": 1, "maximum": 300},
                                           "j": {"type": "integer", "minimum": 5, "maximum": 12}}, ["i", "j"])}),
     "number-bounds": Spec({"json": _obj({"x": {"type": "number", "minimum": 0, "maximum": 1}}, ["x"])}, exact=False,

@@ -12,6 +12,7 @@ Run on the checkpoints of test_structured.py (one per tokenizer kind by default)
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -23,6 +24,9 @@ from .structured_specs import specs_for
 from .test_structured import checkpoint, structured_models  # noqa: F401
 
 CAPABILITY = SELF_TESTS
+# after "\u" and up to 3 hex digits (an odd run of backslashes before the u): llguidance refuses lone surrogates
+# (\uD800-\uDFFF, not Unicode scalar values, so no UTF-8 text holds them), xgrammar allows any 4 hex digits
+INSIDE_U_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u[0-9A-Fa-f]{0,3}$")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -37,7 +41,7 @@ def random_walk_masks(ref: GrammarReference, alt: GrammarReference, structured: 
     table, prefix, bad = ref.table, [], []
     for _ in range(steps):
         a, b = ref.allowed(structured, prefix, raw_del=True), alt.allowed(structured, prefix)
-        differ = (a != b).nonzero().flatten().tolist()
+        differ = [] if INSIDE_U_ESCAPE.search(table.spell(prefix)) else (a != b).nonzero().flatten().tolist()
         if differ:
             bad.append(f"after {table.spell(prefix)!r}: {ref.name} {[t for t in differ if a[t]][:5]}, {alt.name} "
                        f"{[t for t in differ if b[t]][:5]}")
@@ -51,8 +55,8 @@ def random_walk_masks(ref: GrammarReference, alt: GrammarReference, structured: 
 
 def test_grammar_reference_agrees_with_xgrammar(checkpoint) -> None:  # noqa: F811
     """llguidance and xgrammar on the same token table allow the same tokens along 12 random walks of every exact
-    spec (with RFC 8259's DEL in JSON strings, which xgrammar follows): the reference's masks are not one
-    implementation's quirks."""
+    spec (with RFC 8259's DEL in JSON strings, which xgrammar follows; not compared inside a \\u escape, where only
+    xgrammar allows lone surrogates): the reference's masks are not one implementation's quirks."""
     alt, rng, bad = XGrammarReference(checkpoint.model.path), random.Random(0), []
     for name, spec in specs_for(checkpoint.grammar.table.kind, exact_only=True).items():
         for walk in range(12):

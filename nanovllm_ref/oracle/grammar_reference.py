@@ -29,7 +29,9 @@ off (``no_forcing``): every token whose bytes the grammar allows is allowed, as 
 differences: DEL (U+007F) raw in a JSON string, which RFC 8259 and xgrammar allow and llguidance refuses
 (``allowed(..., raw_del=True)`` gives the former: wherever the grammar allows the token "~" raw, in a free JSON
 string, it allows the DEL token too; the checks accept either), and the integer ``-0``, which only llguidance allows
-(the suite's integer schemas are non-negative). The second implementation: grammar_crosscheck.py.
+(the suite's integer schemas are non-negative), and lone surrogate escapes (``\\uD800``-``\\uDFFF`` alone), which
+xgrammar allows and llguidance refuses, as the reference does (no UTF-8 text holds one). The second implementation:
+grammar_crosscheck.py.
 """
 
 from __future__ import annotations

@@ -84,13 +84,15 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str | tuple[str, ...] | bool]:
-        """(kind, value): a JSON schema as its canonical text (sorted keys), so equal schemas share a compilation."""
+        """(kind, value): a JSON schema as its canonical text (its own key order: the order of `properties` is the
+        output's), so a schema given as a dict or as text, spaced any way, shares one compilation."""
         kind = self.kind
         return kind, self._json_text if kind == "json" else getattr(self, kind)
 
 
 def _schema_text(schema: object) -> str:
-    """A JSON schema (a dict, or JSON text of an object or a boolean schema) as canonical JSON text."""
+    """A JSON schema (a dict, or JSON text of an object or a boolean schema) as canonical JSON text (keys kept in
+    order)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -99,7 +101,7 @@ def _schema_text(schema: object) -> str:
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True, allow_nan=False)
+        return json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"structured_outputs.json is not JSON-serializable: {e}") from None
 

@@ -101,8 +101,7 @@ class Generation:
                 params.append(self.params(ids))
                 self.loop.validate(ids, params[-1])
             except (ValueError, TypeError) as e:  # the engine's messages begin with the field's name
-                name = str(e).split(" ", 1)[0].split("=")[0].rstrip(":")
-                raise BadRequest(str(e), name if name in SAMPLING_FIELDS else "prompt") from None
+                raise self._refused(e) from None
         for p, (ids, prompt_params) in enumerate(zip(self.prompts, params)):
             choices = self.choices[p * self.plan.n:(p + 1) * self.plan.n]
             try:
@@ -113,6 +112,13 @@ class Generation:
             for choice in choices:
                 choice.rid = rid
             self.by_rid[rid] = choices
+
+    def _refused(self, e: Exception) -> BadRequest:
+        """The engine's refusal, naming the parameter (structured outputs: the one they came in)."""
+        name = str(e).split(" ", 1)[0].split("=")[0].rstrip(":")
+        if name.split(".")[0] == "structured_outputs" and self.plan.structured_param == "response_format":
+            return BadRequest(f"response_format: {e}", "response_format")
+        return BadRequest(str(e), name if name.split(".")[0] in SAMPLING_FIELDS else "prompt")
 
     def abort_unfinished(self) -> None:
         for rid, choices in self.by_rid.items():

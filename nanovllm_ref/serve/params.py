@@ -6,7 +6,9 @@ trivially: so a feature added to the engine is served without an edit here, and 
 
 The server's own part (`RequestPlan`): `echo` prepends the prompt (and its logprobs); usage chunks in streams;
 chat without max_tokens fills the context. `n`, stop strings and the text (`skip_special_tokens`) are the
-engine's (`SamplingParams`).
+engine's (`SamplingParams`), and so are structured outputs: OpenAI's `response_format` (`json_schema`: its schema;
+`json_object`; `text`: none) and vLLM's `structured_outputs` both become `SamplingParams.structured_outputs` (as in
+vLLM's protocol.py; both at once is refused), compiled when the engine validates the request.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, StructuredOutputsParams
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -43,6 +45,7 @@ class RequestPlan:
     usage_in_stream: bool
     usage_every_chunk: bool
     fill_max_tokens: bool  # chat without max_tokens: the rest of the context, as vLLM does
+    structured_param: str | None = None  # the parameter structured outputs came in: the engine's errors name it
 
     @property
     def n(self) -> int:
@@ -64,6 +67,30 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
         return {int(k): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))) for k, v in raw.items()}
     except ValueError:
         raise BadRequest("logit_bias: keys must be token ids (integers as strings)", "logit_bias") from None
+
+
+def _structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutputsParams | None, str]:
+    """(the request's structured outputs, the parameter they came in)."""
+    fmt, so = req.response_format, req.structured_outputs
+    if so is not None:
+        if fmt is not None and fmt.type != "text":
+            raise BadRequest("response_format: give response_format or structured_outputs, not both", "response_format")
+        given = {"json": so.json_schema, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+                 "json_object": so.json_object}
+        try:
+            return StructuredOutputsParams(**{k: v for k, v in given.items() if v is not None}), "structured_outputs"
+        except ValueError as e:
+            raise BadRequest(str(e), "structured_outputs") from None
+    if fmt is None or fmt.type == "text":
+        return None, "response_format"
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True), "response_format"
+    if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+        raise BadRequest("response_format.json_schema.schema: required with type json_schema", "response_format")
+    try:
+        return StructuredOutputsParams(json=fmt.json_schema.json_schema), "response_format"
+    except ValueError as e:
+        raise BadRequest(f"response_format: {e}", "response_format") from None
 
 
 def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
@@ -96,6 +123,8 @@ def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
         _engine_feature(kwargs, name, getattr(req, name))
     _engine_feature(kwargs, "logit_bias", _logit_bias(req.logit_bias))
+    structured, structured_param = _structured_outputs(req)
+    _engine_feature(kwargs, "structured_outputs", structured)
     kwargs.update(stop=req.stop or (), include_stop_str_in_output=req.include_stop_str_in_output,
                   skip_special_tokens=req.skip_special_tokens,
                   spaces_between_special_tokens=req.spaces_between_special_tokens)
@@ -114,5 +143,5 @@ def plan_request(req: CompletionRequest | ChatCompletionRequest) -> RequestPlan:
         params=params, echo=(not chat) and req.echo, tokens_as_ids=req.return_tokens_as_token_ids,
         usage_in_stream=bool(options and (options.include_usage or options.continuous_usage_stats)),
         usage_every_chunk=bool(options and options.continuous_usage_stats),
-        fill_max_tokens=chat and max_tokens is None,
+        fill_max_tokens=chat and max_tokens is None, structured_param=structured_param if structured else None,
     )

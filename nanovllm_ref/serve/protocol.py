@@ -4,13 +4,15 @@ Pydantic models with `extra="forbid"`: a parameter this server does not know is 
 ignored. Fields follow the OpenAI API reference and vLLM's `entrypoints/openai/protocol.py` (its extensions:
 `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
 `include_stop_str_in_output`, `skip_special_tokens`, `spaces_between_special_tokens`, `prompt_logprobs`,
-`return_tokens_as_token_ids`).
+`return_tokens_as_token_ids`, `structured_outputs`). Structured outputs come as OpenAI's `response_format` (`text`,
+`json_object`, `json_schema` with its `schema`) or vLLM's `structured_outputs` (one of `json`, `regex`, `choice`,
+`grammar`, `json_object`), on both endpoints.
 Values are range-checked later, by `SamplingParams` and the engine, so the messages are the engine's own.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +24,32 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's `response_format.json_schema`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(description="the schema's name (recorded nowhere)")
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema", description="the JSON schema the output follows")
+    strict: bool | None = Field(None, description="accepted: the output always follows the schema")
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(_Strict):
+    """vLLM's `structured_outputs` (SamplingParams.structured_outputs): exactly one of the fields."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = Field(None, description="EBNF (xgrammar's GBNF, `root ::= ...`) or Lark")
+    json_object: bool | None = None
 
 
 class _SamplingRequest(_Strict):
@@ -52,6 +80,8 @@ class _SamplingRequest(_Strict):
     spaces_between_special_tokens: bool = True
     prompt_logprobs: int | None = None
     return_tokens_as_token_ids: bool = False
+    structured_outputs: StructuredOutputsRequest | None = None
+    response_format: ResponseFormat | None = Field(None, description="OpenAI's: text, json_object or json_schema")
 
 
 class CompletionRequest(_SamplingRequest):

@@ -15,7 +15,7 @@ JSON text may begin with whitespace (RFC 8259's `ws value ws`): where the vocabu
 (a decoder joining tokens with spaces: vocab.py), the JSON kinds accept it, else no JSON could be written at all.
 
 The cache is per tokenizer (a `Grammars` belongs to one engine, whose tokenizer it was built for), keyed by the
-spec's canonical `key` (a schema's sorted JSON text): a hit costs a dict lookup; the least recently used of
+spec's canonical `key` (a schema's JSON text, spaced one way): a hit costs a dict lookup; the least recently used of
 `CACHE_SIZE` compilations goes first (xgrammar's own unbounded cache is off). Thread-safe: the server validates
 (compiles) requests on its event loop's thread while the engine thread steps.
 """

@@ -22,6 +22,7 @@ head) are never allowed. vLLM builds the same TokenizerInfo (vllm/v1/structured_
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -48,19 +49,27 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Any:
     width), special tokens without text, a raw vocabulary's tokens as decoded in context (module docstring)."""
     import xgrammar as xgr
 
-    detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
     special = special_ids(tokenizer)
     encoded = [""] * vocab_size
     for token, i in tokenizer.get_vocab().items():
         if i < vocab_size and i not in special:
             encoded[i] = token
-    raw = detected.vocab_type == xgr.VocabType.RAW
-    if raw and getattr(tokenizer, "backend_tokenizer", None) is not None:
+    if _has_no_decoder(tokenizer):  # (xgrammar's detection would warn that it found none: raw)
+        vocab_type, add_prefix_space = xgr.VocabType.RAW, False
+    else:
+        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+        vocab_type, add_prefix_space = detected.vocab_type, detected.add_prefix_space
+    if vocab_type == xgr.VocabType.RAW and getattr(tokenizer, "backend_tokenizer", None) is not None:
         ordinary = [i for i, t in enumerate(encoded) if t]
         for i, text in in_context_texts(tokenizer, ordinary, special).items():
             encoded[i] = text
-    return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=vocab_size, stop_token_ids=stop_ids,
-                             add_prefix_space=detected.add_prefix_space)
+    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stop_ids,
+                             add_prefix_space=add_prefix_space)
+
+
+def _has_no_decoder(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and json.loads(backend.to_str()).get("decoder") is None
 
 
 def space_before_every_token(info: Any) -> bool:

@@ -83,10 +83,9 @@ SERVE_TESTS = "tests/serve/test_openai_client.py"
 EDGES_CONF = "conformance/test_sampling_edges.py"  # extreme filters, filters with penalties, min_tokens alone
 ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generation
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
-# structured outputs: validity, the greedy trajectory against the masked reference, mixed batches, G-tests; the
-# property-order cases are left out while the engine sorts a schema's keys (found by them: a failing baseline)
-STRUCT_CONF = ("conformance/test_structured.py", "conformance/test_structured_sampling.py", "-k", "not property-order")
-STRUCT_SPM = ("conformance/test_structured.py", "--model", "mistral-spm-hd32", "-k", "not property-order")
+# structured outputs: validity, the greedy trajectory against the masked reference, mixed batches, G-tests
+STRUCT_CONF = ("conformance/test_structured.py", "conformance/test_structured_sampling.py")
+STRUCT_SPM = ("conformance/test_structured.py", "--model", "mistral-spm-hd32")
 STRUCT_MANAGER, BITMASK_TESTS = "tests/structured/test_manager.py", "tests/kernels/test_token_bitmask.py"
 STRUCT_VOCAB, RUNNER = "tests/structured/test_vocab.py", "nanovllm_ref/engine/model_runner.py"
 MANAGER = "nanovllm_ref/structured/manager.py"

@@ -85,7 +85,54 @@ ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generat
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 REJECTION = "nanovllm_ref/kernels/rejection.py"  # the speculative-decoding rejection sampler and its kernel
 REJECTION_TESTS = "tests/kernels/test_kernel_rejection.py"
+# structured outputs: validity, the greedy trajectory against the masked reference, mixed batches, G-tests
+STRUCT_CONF = ("conformance/test_structured.py", "conformance/test_structured_sampling.py")
+STRUCT_SPM = ("conformance/test_structured.py", "--model", "mistral-spm-hd32")
+STRUCT_MANAGER, BITMASK_TESTS = "tests/structured/test_manager.py", "tests/kernels/test_token_bitmask.py"
+STRUCT_VOCAB, RUNNER = "tests/structured/test_vocab.py", "nanovllm_ref/engine/model_runner.py"
+MANAGER = "nanovllm_ref/structured/manager.py"
 
+
+# the sampling rows' block of ModelRunner._sample_on_device, and the same reporting logprobs of the unmasked logits
+STRUCT_SAMPLE_BLOCK = (
+    '        finite = None\n'
+    "        if step.bitmask is not None:  # the grammar's mask first, before logprobs and any processing (as vLLM)\n"
+    "            finite = torch.isfinite(sample_logits).all(dim=-1)  # the model's logits (the mask writes -inf)\n"
+    '            self._apply_bitmask(sample_logits, step)\n'
+    '        batch = SamplingBatch(\n'
+    '            temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, counters=counters,\n'
+    '            needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),\n'
+    '        )\n'
+    '        if len(step.processed) < len(step.sample_seq_ids):\n'
+    '            packed = sample(sample_logits, batch, self.use_kernels)\n'
+    '        else:  # every row takes the processing path: only the finite flags are needed from here\n'
+    '            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()\n'
+    '        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)\n'
+    '                     if step.processed else None)\n'
+    '        if finite is not None:\n'
+    '            packed[1] = finite\n'
+    '        return sample_logits, packed, processed\n'
+)
+STRUCT_SAMPLE_BLOCK_UNMASKED = (
+    '        finite = None\n'
+    "        if step.bitmask is not None:  # the grammar's mask first, before logprobs and any processing (as vLLM)\n"
+    "            finite = torch.isfinite(sample_logits).all(dim=-1)  # the model's logits (the mask writes -inf)\n"
+    '            unmasked = sample_logits.clone()\n'
+    '            self._apply_bitmask(sample_logits, step)\n'
+    '        batch = SamplingBatch(\n'
+    '            temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, counters=counters,\n'
+    '            needs_filter=any(k > 0 for k in step.top_k) or any(p < 1.0 for p in step.top_p),\n'
+    '        )\n'
+    '        if len(step.processed) < len(step.sample_seq_ids):\n'
+    '            packed = sample(sample_logits, batch, self.use_kernels)\n'
+    '        else:  # every row takes the processing path: only the finite flags are needed from here\n'
+    '            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()\n'
+    '        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)\n'
+    '                     if step.processed else None)\n'
+    '        if finite is not None:\n'
+    '            packed[1] = finite\n'
+    '        return (unmasked if finite is not None else sample_logits), packed, processed\n'
+)
 
 M = Mutant
 MUTANTS: tuple[Mutant, ...] = (
@@ -660,6 +707,37 @@ MUTANTS: tuple[Mutant, ...] = (
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + kvh)",
       "FP8 KV Triton prefill: the output scaled by the K scale instead of the V scale", (FP8_KERNELS,),
       FP8_KERNEL_CHECK),
+    # structured outputs: each caught by conformance/test_structured*.py alone
+    M("structured-mask-shifted", "nanovllm_ref/kernels/token_bitmask.py",
+      "reshape(m, words * 32)[:, :vocab].bool()", "reshape(m, words * 32).roll(1, dims=1)[:, :vocab].bool()",
+      "structured outputs: the bitmask applied one token off (token v takes the bit of token v - 1)",
+      (BITMASK_TESTS,), STRUCT_CONF),
+    M("structured-mask-after-sampling", RUNNER,
+      "            self._apply_bitmask(sample_logits, step)\n        batch = SamplingBatch(",
+      "        batch = SamplingBatch(",
+      "structured outputs: the bitmask applied after the draw (tokens unconstrained; the logprobs still masked)",
+      (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-eos-only-at-the-end", MANAGER,
+      "        tracked.matcher.fill_next_token_bitmask(mask, i)\n",
+      "        tracked.matcher.fill_next_token_bitmask(mask, i)\n        words = mask[i].numpy().view(np.uint32)\n"
+      "        for t in tracked.stop_ids:\n            words[t // 32] &= ~np.uint32(1 << (t % 32))\n",
+      "structured outputs: EOS not allowed where the grammar accepts and could go on (only once nothing else is)",
+      (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-mask-of-another-row", MANAGER, "return mask.numpy(), [r.row for r in rows]",
+      "return mask.numpy(), [r.row for r in rows[1:] + rows[:1]]",
+      "structured outputs: each structured row masked with the next structured row's bitmask",
+      (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-rows-among-structured", MANAGER, "return mask.numpy(), [r.row for r in rows]",
+      "return mask.numpy(), list(range(len(rows)))",
+      "structured outputs: bitmask rows numbered among the structured rows, not the step's sampling rows (right "
+      "only when no plain request is in the batch)", (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-logprobs-unmasked", RUNNER, STRUCT_SAMPLE_BLOCK, STRUCT_SAMPLE_BLOCK_UNMASKED,
+      "structured outputs: logprobs of the unmasked distribution (not renormalized over the allowed tokens)",
+      (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-byte-fallback-as-latin1", "nanovllm_ref/structured/vocab.py", "            encoded[i] = token\n",
+      '            encoded[i] = chr(int(token[3:5], 16)) if len(token) == 6 and token.startswith("<0x") else token\n',
+      "structured outputs: a byte-fallback token <0xNN> given xgrammar as the character U+00NN (right for ASCII, "
+      "two bytes for NN >= 0x80)", (STRUCT_VOCAB,), STRUCT_SPM),
     M("prefix-cache-copy-lost-on-eviction", "nanovllm_ref/engine/block_manager.py",
       "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
       "evicting the cached one of two blocks with the same content loses it, though the other still holds it",

@@ -128,7 +128,10 @@ class NanovllmRefAdapter:
             unknown = sorted(set(r.params) - known)
             if unknown:
                 raise UnsupportedSetting(f"nanovllm_ref's SamplingParams has no {unknown}")
-            params.append(SamplingParams(**r.params))
+            kwargs = dict(r.params)
+            if kwargs.get("structured_outputs") is not None:
+                kwargs["structured_outputs"] = _structured_params(kwargs["structured_outputs"])
+            params.append(SamplingParams(**kwargs))
         return params
 
     @staticmethod
@@ -212,6 +215,18 @@ class NanovllmRefAdapter:
 
     def close(self) -> None:
         self.llm.shutdown()
+
+
+def _structured_params(spec: dict[str, Any]) -> Any:
+    """nanovllm_ref's StructuredOutputsParams from a request's ``structured_outputs`` dict (oracle/requests.py)."""
+    try:
+        from nanovllm_ref.sampling_params import StructuredOutputsParams
+    except ImportError:
+        raise UnsupportedSetting("nanovllm_ref's sampling_params has no StructuredOutputsParams") from None
+    try:
+        return StructuredOutputsParams(**spec)
+    except TypeError as e:  # a key this version's StructuredOutputsParams lacks
+        raise UnsupportedSetting(f"nanovllm_ref's StructuredOutputsParams: {e}") from None
 
 
 class HFAdapter:

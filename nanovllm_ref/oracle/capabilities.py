@@ -48,6 +48,7 @@ CAPABILITIES = {c.name: c for c in (
     Capability("abort", "abort_requests (oracle/requests.py)"),
     Capability("eos", "generate on a checkpoint folder"),
     Capability("sampling edges", "run_requests"),
+    Capability("structured outputs", "run_requests with structured_outputs (oracle/requests.py)"),
     Capability("serving", "--engine openai:URL"),
     Capability("kernels", "--kernels pkg.module:function"),
     Capability(SELF_TESTS, "the comparison policy's own tests"),

@@ -148,7 +148,7 @@ class VLLMAdapter:
             if kwargs.pop("logprobs_mode", mode) != mode:
                 raise UnsupportedSetting(f"vLLM's logprobs_mode is the engine's ({mode}), not per request")
             try:
-                params.append(SamplingParams(**kwargs))
+                params.append(SamplingParams(**_vllm_structured(kwargs)))
             except (TypeError, ValueError) as e:  # an unknown name, or a combination vLLM refuses (greedy n > 1)
                 raise UnsupportedSetting(f"vLLM's SamplingParams: {e}") from None
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
@@ -174,7 +174,7 @@ class VLLMAdapter:
         for rid, r in zip(ids, requests):
             kwargs = {k: v for k, v in r.params.items() if k != "logprobs_mode"}
             engine.add_request(rid, TokensPrompt(prompt_token_ids=list(r.prompt)),
-                               SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA))
+                               SamplingParams(**_vllm_structured(kwargs), output_kind=RequestOutputKind.DELTA))
         state = {rid: [StreamedCompletion(Completion([], "", text="")) for _ in range(r.params.get("n", 1))]
                  for rid, r in zip(ids, requests)}
         while engine.has_unfinished_requests():
@@ -200,6 +200,20 @@ class VLLMAdapter:
             core.shutdown()
         del llm
         gc.collect()
+
+
+def _vllm_structured(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a ``structured_outputs`` dict as vLLM's ``StructuredOutputsParams`` (vLLM >= 0.11's name)."""
+    spec = kwargs.get("structured_outputs")
+    if spec is None:
+        return kwargs
+    from .requests import UnsupportedSetting
+
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        raise UnsupportedSetting("this vLLM has no vllm.sampling_params.StructuredOutputsParams") from None
+    return {**kwargs, "structured_outputs": StructuredOutputsParams(**spec)}
 
 
 class SGLangAdapter:

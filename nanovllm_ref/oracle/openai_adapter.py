@@ -11,7 +11,11 @@ also ``dtype`` and ``config``) and, when vLLM runs with ``VLLM_SERVER_DEV_MODE=1
 ``--enable-prompt-tokens-details``), else None. Servers cap ``n`` per request (nanovllm_ref's and OpenAI's API at
 64 and 128): a request-level call asking for more is split into requests of at most ``max_n_per_request``
 samples (:data:`MAX_N_PER_REQUEST`, ``--engine-arg max_n_per_request=K``), the seed of each part moved on by the
-samples before it, so sample i still draws with seed + i (vLLM's convention, which the suite checks). The real
+samples before it, so sample i still draws with seed + i (vLLM's convention, which the suite checks). A request's
+``structured_outputs`` (oracle/requests.py) goes as vLLM's extra body ``structured_outputs``; with
+``structured_route="response_format"`` (``--engine-arg structured_route=response_format``) a JSON schema goes as
+OpenAI's ``response_format`` (``{"type": "json_schema", "json_schema": {"name", "schema"}}``, ``json_object`` as
+``{"type": "json_object"}``), the official route, and the other kinds, which it has no field for, as before. The real
 server::
 
     VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CKPT --dtype float32 \\
@@ -28,6 +32,7 @@ dict, which only weakens the absent-token check). It returns no prompt logprobs 
 
 from __future__ import annotations
 
+import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,6 +52,7 @@ from .served import (
 )
 
 MAX_IN_FLIGHT = 32
+STRUCTURED_ROUTES = ("structured_outputs", "response_format")
 MAX_N_PER_REQUEST = 64  # nanovllm_ref's server limit; OpenAI's API allows 128
 
 
@@ -81,6 +87,21 @@ def split_n(params: dict[str, Any], cap: int) -> list[dict[str, Any]]:
             part["seed"] = seed - 2**64 if seed >= 2**63 else seed  # int64, as servers parse it
         parts.append(part)
     return parts
+
+
+def structured_body(params: dict[str, Any], route: str) -> dict[str, Any]:
+    """``params`` with a ``structured_outputs`` dict sent by ``route`` (module docstring)."""
+    spec = params.get("structured_outputs")
+    if spec is None or route == "structured_outputs":
+        return params
+    rest = {k: v for k, v in params.items() if k != "structured_outputs"}
+    if spec.get("json_object"):
+        return {**rest, "response_format": {"type": "json_object"}}
+    if spec.get("json") is not None:
+        schema = json.loads(spec["json"]) if isinstance(spec["json"], str) else spec["json"]
+        return {**rest, "response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "conformance", "schema": schema}}}
+    return params  # regex, choice, grammar: no response_format for them
 
 
 def _token_id(key: str) -> int:
@@ -129,9 +150,13 @@ class OpenAIAdapter:
     returns_prompt_logprobs = True
 
     def __init__(self, base_url: str, model_path: str = "", dtype: str = "", *, served_model: str = "",
-                 server_dtype: str = "", timeout_s: float = 600.0, max_n_per_request: int = MAX_N_PER_REQUEST) -> None:
+                 server_dtype: str = "", timeout_s: float = 600.0, max_n_per_request: int = MAX_N_PER_REQUEST,
+                 structured_route: str = "structured_outputs") -> None:
         if not isinstance(max_n_per_request, int) or max_n_per_request < 1:
             raise ValueError(f"max_n_per_request must be an integer >= 1, got {max_n_per_request!r}")
+        if structured_route not in STRUCTURED_ROUTES:
+            raise ValueError(f"structured_route must be one of {STRUCTURED_ROUTES}, got {structured_route!r}")
+        self.structured_route = structured_route
         self.base_url, self.timeout_s, self.max_n = base_url.rstrip("/"), timeout_s, max_n_per_request
         facts = self._facts()
         if model_path or dtype:  # load_adapter (--engine) always passes both; a bare client checks nothing
@@ -179,7 +204,7 @@ class OpenAIAdapter:
 
         results = []
         for r in requests:
-            params = dict(r.params)
+            params = structured_body(dict(r.params), self.structured_route)
             if params.pop("logprobs_mode", "raw_logprobs") != "raw_logprobs":
                 raise UnsupportedSetting("the OpenAI API has no logprobs_mode: its logprobs are raw")
             if params.get("logit_bias"):
@@ -216,7 +241,7 @@ class OpenAIAdapter:
     def _stream_one(self, r: Any) -> list:
         from .requests import Completion, StreamedCompletion, UnsupportedSetting
 
-        params = dict(r.params)
+        params = structured_body(dict(r.params), self.structured_route)
         if params.pop("logprobs_mode", "raw_logprobs") != "raw_logprobs":
             raise UnsupportedSetting("the OpenAI API has no logprobs_mode: its logprobs are raw")
         if params.get("logit_bias"):

@@ -11,6 +11,13 @@ Settings use vLLM's ``SamplingParams`` names (``temperature``, ``top_k``, ``top_
 an adapter for vLLM passes them through unchanged. An engine that does not support a setting raises
 :class:`UnsupportedSetting` naming it; the case that needs it is then skipped with that message, never passed.
 
+Structured outputs (optional, conformance/test_structured.py): the setting ``structured_outputs`` is a dict with
+exactly one of vLLM's ``StructuredOutputsParams`` keys (``json``: a JSON schema, dict or str; ``regex``; ``choice``: a
+list of strings; ``grammar``: an EBNF grammar; ``json_object``: true). The nanovllm_ref and vllm adapters build their
+engine's ``StructuredOutputsParams`` from it, the OpenAI adapter sends it as vLLM's extra body ``structured_outputs``
+(or, with ``structured_route="response_format"``, a JSON schema as OpenAI's ``response_format``); an adapter that
+cannot honour it raises :class:`UnsupportedSetting`.
+
 Text capabilities (optional, conformance/test_text.py): a completion's ``text`` (None: the engine returns none)
 and ``stop_reason`` (:data:`UNREPORTED` unless the engine reports it); ``stream_requests`` (the same requests,
 streamed: each completion with the text pieces in the order the engine sent them). An adapter without one has the

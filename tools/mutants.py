@@ -76,6 +76,7 @@ INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
                     "batch_invariant=true")
 INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
+ROUTER_CONF = ("conformance/test_moe_router.py", *MOE, "--dtype", "bfloat16")  # near-tied router logits, bf16
 DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the rope_scaling dialect
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
@@ -623,6 +624,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
       "evicting the cached one of two blocks with the same content loses it, though the other still holds it",
       (BLOCKS,), (CACHE_CONF,)),
+    M("moe-router-softmax-bf16", "nanovllm_ref/models/qwen3_moe.py",
+      "probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)", "probs = torch.softmax(self.gate(x), dim=-1)",
+      "MoE router: the softmax (and so the top-k) taken in the model dtype, bf16, not float32",
+      ("tests/oracle/test_moe_router.py",), ROUTER_CONF),
 )
 
 

@@ -2,11 +2,13 @@
 
 transformers' Qwen3-MoE router (``modeling_qwen3_moe.py``, ``Qwen3MoeTopKRouter``) takes the gate's logits in the
 model dtype, then ``softmax(router_logits, dtype=torch.float)``, top-k of those float32 probabilities, renormalized
-when ``norm_topk_prob``, and only then casts the weights to the model dtype; vLLM's ``fused_topk`` also takes its
-softmax in float32. An engine that takes the softmax (or the top-k) in bfloat16 instead passes the bf16 goldens of
-a trained checkpoint: its router logits are spread (qwen3-moe-tiny: std 0.75, median gap 0.27 between the k-th
-and the next expert), so bf16 probabilities rarely tie (0.2% of the token x layer rows there pick other experts)
-and the weights round to bf16 either way.
+when ``norm_topk_prob``, and only then casts the weights to the model dtype. vLLM 0.32's CUDA ``fused_topk`` fills
+float32 weights (its ``topk_softmax`` kernel); its CPU router (``fused_moe/router/cpu_router.py`` ``_softmax_topk``)
+takes the top-k of the logits themselves, the experts float32 probabilities pick (ties aside), and the softmax of
+those k only, whose bf16 rounding is the weights' own. An engine that takes the softmax (or the top-k of the
+probabilities) in bfloat16 instead passes the bf16 goldens of a trained checkpoint: its router logits are spread
+(qwen3-moe-tiny: std 0.75, median gap 0.27 between the k-th and the next expert), so bf16 probabilities rarely tie
+(0.2% of the token x layer rows there pick other experts) and the weights round to bf16 either way.
 
 :func:`near_tied_router_checkpoint` derives the checkpoint where they do: every router gate weight
 (``*.mlp.gate.weight``, Qwen3-MoE's name; Mixtral's ``*.block_sparse_moe.gate.weight``) times ``ROUTER_SCALE`` =

@@ -72,13 +72,15 @@ def selected_models(config: pytest.Config) -> list[ModelSpec]:
 def tolerance_for(dtype: str, options: Options, ref: Reference | None = None,
                   quantization: str | None = None) -> Tolerance:
     """The golden tolerance; for a live reference, the one derived from the noise measured on that model
-    (transformers eager vs sdpa); for an engine running quantized weights (its adapter's ``quantization``), that
-    quantization's tier (tolerances.QUANT_TIERS); --tol / --prompt-tol override any."""
+    (transformers eager vs sdpa; its mean bounds the set's mean, mean_tol, as for the goldens); for an engine
+    running quantized weights (its adapter's ``quantization``), that quantization's tier (tolerances.QUANT_TIERS);
+    --tol / --prompt-tol override any."""
     noise = ref.meta.get("noise") if ref is not None else None
     if quantization is not None:
         tol = quantized_tolerance(quantization, dtype, split_dialect(ref.model)[0] if ref is not None else None)
     elif noise:
-        tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}")
+        tol = noise_tolerance(dtype, noise["generated"], noise["prompt"], f"live: {noise['method']}",
+                              noise.get("mean"))
     else:
         tol = golden_tolerance(dtype, checkpoint=split_dialect(ref.model)[0] if ref is not None else None)
     return tol.override(options.tol, options.prompt_tol)

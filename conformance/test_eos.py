@@ -13,12 +13,12 @@ the list, or only generation_config.json's, fails. A server (``openai:URL``) ser
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from nanovllm_ref.oracle.adapters import server_url
+from nanovllm_ref.oracle.derived import link_checkpoint
 from nanovllm_ref.oracle.requests import UNREPORTED, RequestSpec, UnsupportedSetting, supports_requests
 from nanovllm_ref.oracle.text_reference import checkpoint_eos
 
@@ -52,10 +52,7 @@ def eos_pair(trajectories: list[list[int]], eos: set[int]) -> tuple[int, int, in
 
 
 def with_config_eos(src: str, dst: Path, ids: list[int]) -> str:
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in Path(src).iterdir():
-        if f.name not in ("config.json", "generation_config.json"):
-            os.symlink(f.resolve(), dst / f.name)
+    link_checkpoint(src, dst, replaced=("config.json", "generation_config.json"))
     config = json.loads((Path(src) / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps({**config, "eos_token_id": ids}))
     return str(dst)

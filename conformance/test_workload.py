@@ -23,13 +23,13 @@ scheduling step is checked against the invariants of nanovllm_ref/oracle/schedul
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from nanovllm_ref.oracle.adapters import server_url
 from nanovllm_ref.oracle.compare import DIVERGED_OK, EngineOutput, compare_outputs
+from nanovllm_ref.oracle.derived import link_checkpoint
 from nanovllm_ref.oracle.references import Reference
 from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, supports_requests
 from nanovllm_ref.oracle.schedule_check import check_decision
@@ -51,10 +51,7 @@ def first_new(tokens: list[int], k: int) -> int:
 
 def with_extra_eos(src: str, dst: Path, eos: int) -> str:
     """A copy of checkpoint ``src`` (files linked) whose generation_config.json also lists ``eos``."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in Path(src).iterdir():
-        if f.name != "generation_config.json" and not (dst / f.name).exists():
-            os.symlink(f.resolve(), dst / f.name)
+    link_checkpoint(src, dst, replaced=("generation_config.json",))
     gen_file = Path(src) / "generation_config.json"
     gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
     gen["eos_token_id"] = sorted(checkpoint_eos(src) | {eos})

@@ -76,6 +76,7 @@ INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
 INVARIANCE_EXACT = ("conformance/test_batch_invariance.py", "--invariance", "exact", "--engine-arg",
                     "batch_invariant=true")
 INVARIANCE_CUDA = ("--dtype", "bfloat16", "--engine-arg", "device=cuda", "--engine-arg", "gpu_memory_utilization=0.025")
+ROUTER_CONF = ("conformance/test_moe_router.py", *MOE, "--dtype", "bfloat16")  # near-tied router logits, bf16
 DIALECT_CONF = "conformance/test_config_dialects.py"  # each golden again in the rope_scaling dialect
 DIALECT_VIEW = "tests/oracle/test_dialects.py::test_nanovllm_ref_passes_the_goldens_through_the_legacy_view"
 ROUTES, SERVING_CONF = "nanovllm_ref/serve/routes.py", "conformance/test_serving.py"  # OpenAI routes; their check
@@ -109,6 +110,8 @@ STRUCT_SAMPLE_BLOCK = (
     '            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()\n'
     '        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)\n'
     '                     if step.processed else None)\n'
+    '        if draft_probs is not None:  # sampled rows verifying a draft model\'s tokens: the rejection rule\n'
+    '            resample_rejected(packed, step, sample_logits, batch, processed, draft_probs, self.use_kernels)\n'
     '        if finite is not None:\n'
     '            packed[1] = finite\n'
     '        return sample_logits, packed, processed\n'
@@ -129,6 +132,8 @@ STRUCT_SAMPLE_BLOCK_UNMASKED = (
     '            packed = torch.isfinite(sample_logits).all(dim=-1).long().expand(2, -1).clone()\n'
     '        processed = (sample_processed(sample_logits, batch, step.processed, packed, self.penalty_counts)\n'
     '                     if step.processed else None)\n'
+    '        if draft_probs is not None:  # sampled rows verifying a draft model\'s tokens: the rejection rule\n'
+    '            resample_rejected(packed, step, sample_logits, batch, processed, draft_probs, self.use_kernels)\n'
     '        if finite is not None:\n'
     '            packed[1] = finite\n'
     '        return (unmasked if finite is not None else sample_logits), packed, processed\n'
@@ -237,8 +242,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "for i in range((seq.num_tokens - 1) // bs):", "for i in range(seq.num_tokens // bs):",
       "a fully cached prompt leaves no token to compute", (BLOCKS,)),
     M("budget-running-uncapped", "nanovllm_ref/engine/scheduler.py",
-      "num_new = min(num_tokens - seq.num_computed_tokens, budget)",
-      "num_new = num_tokens - seq.num_computed_tokens",
+      "num_new = min(num_tokens - seq.num_computed_tokens + self._lookahead(seq, num_tokens), budget)",
+      "num_new = num_tokens - seq.num_computed_tokens + self._lookahead(seq, num_tokens)",
       "scheduler: a running prefill's next chunk is not capped by the token budget", (SCHED,)),
     M("admit-on-empty-budget", "nanovllm_ref/engine/scheduler.py",
       "while self.waiting and budget > 0 and", "while self.waiting and budget >= 0 and",
@@ -446,8 +451,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "the penalty counts kept across steps are keyed by request: the n samples of one share (and mix) them",
       (STEPS_CONF,), (STEPS_CONF,)),
     M("sampling-processed-rows-not-remapped", "nanovllm_ref/engine/inputs.py",
-      "step.processed.append(ProcessedRow(len(sampling_rows),",
-      "step.processed.append(ProcessedRow(len(step.processed),",
+      "step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids,",
+      "step.processed.append(ProcessedRow(len(step.processed), seq.params, seq.token_ids,",
       "a penalized row is numbered among the processed rows, not the step's sampling rows (another row's logits)",
       (STEPS_CONF,), (STEPS_CONF,)),
     M("sampling-presence-as-frequency", "nanovllm_ref/layers/logits_processing.py",
@@ -718,17 +723,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "structured outputs: the bitmask applied after the draw (tokens unconstrained; the logprobs still masked)",
       (STRUCT_MANAGER,), STRUCT_CONF),
     M("structured-eos-only-at-the-end", MANAGER,
-      "        tracked.matcher.fill_next_token_bitmask(mask, i)\n",
-      "        tracked.matcher.fill_next_token_bitmask(mask, i)\n        words = mask[i].numpy().view(np.uint32)\n"
+      "        tracked.matcher.fill_next_token_bitmask(view, i)\n",
+      "        tracked.matcher.fill_next_token_bitmask(view, i)\n        words = mask[i].view(np.uint32)\n"
       "        for t in tracked.stop_ids:\n            words[t // 32] &= ~np.uint32(1 << (t % 32))\n",
       "structured outputs: EOS not allowed where the grammar accepts and could go on (only once nothing else is)",
       (STRUCT_MANAGER,), STRUCT_CONF),
-    M("structured-mask-of-another-row", MANAGER, "return mask.numpy(), [r.row for r in rows]",
-      "return mask.numpy(), [r.row for r in rows[1:] + rows[:1]]",
+    M("structured-mask-of-another-row", MANAGER, "return mask, [r.row for r in rows]",
+      "return mask, [r.row for r in rows[1:] + rows[:1]]",
       "structured outputs: each structured row masked with the next structured row's bitmask",
       (STRUCT_MANAGER,), STRUCT_CONF),
-    M("structured-rows-among-structured", MANAGER, "return mask.numpy(), [r.row for r in rows]",
-      "return mask.numpy(), list(range(len(rows)))",
+    M("structured-rows-among-structured", MANAGER, "return mask, [r.row for r in rows]",
+      "return mask, list(range(len(rows)))",
       "structured outputs: bitmask rows numbered among the structured rows, not the step's sampling rows (right "
       "only when no plain request is in the batch)", (STRUCT_MANAGER,), STRUCT_CONF),
     M("structured-logprobs-unmasked", RUNNER, STRUCT_SAMPLE_BLOCK, STRUCT_SAMPLE_BLOCK_UNMASKED,
@@ -742,6 +747,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
       "evicting the cached one of two blocks with the same content loses it, though the other still holds it",
       (BLOCKS,), (CACHE_CONF,)),
+    M("moe-router-softmax-bf16", "nanovllm_ref/models/qwen3_moe.py",
+      "probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)", "probs = torch.softmax(self.gate(x), dim=-1)",
+      "MoE router: the softmax (and so the top-k) taken in the model dtype, bf16, not float32",
+      ("tests/oracle/test_moe_router.py",), ROUTER_CONF),
 )
 
 

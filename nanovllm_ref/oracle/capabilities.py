@@ -47,6 +47,7 @@ CAPABILITIES = {c.name: c for c in (
     Capability("engine modes", "modes() (the engine's advertised settings)"),
     Capability("abort", "abort_requests (oracle/requests.py)"),
     Capability("eos", "generate on a checkpoint folder"),
+    Capability("moe router", "generate on a checkpoint folder (a MoE --model)"),
     Capability("sampling edges", "run_requests"),
     Capability("structured outputs", "run_requests with structured_outputs (oracle/requests.py)"),
     Capability("serving", "--engine openai:URL"),

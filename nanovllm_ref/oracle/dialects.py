@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .derived import link_checkpoint
+
 LEGACY = "rope_scaling"  # the dialect suffix: CHECKPOINT@rope_scaling
 DIALECTS = ("rope_parameters", LEGACY)
 
@@ -66,11 +68,7 @@ def legacy_view(checkpoint_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     dst = root / "dialects" / f"{src.name}@{LEGACY}-{digest}"
     if (dst / "config.json").is_file():
         return str(dst)
-    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "config.json" and f.is_file():
-            (tmp / f.name).symlink_to(f)
+    tmp = link_checkpoint(src, dst.with_name(dst.name + f".tmp{os.getpid()}"), replaced=("config.json",))
     (tmp / "config.json").write_text(json.dumps(legacy, indent=2, sort_keys=True) + "\n")
     try:
         tmp.rename(dst)

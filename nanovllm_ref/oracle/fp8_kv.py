@@ -29,7 +29,6 @@ the e4m3 rounding flips such engines produce (a flip costs far more than the att
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 
 from .compare import compare_all
+from .derived import link_checkpoint
 from .references import Reference
 
 E4M3_MAX = 448.0
@@ -134,15 +134,11 @@ def scaled_checkpoint(model_path: str, out_dir: str, scales: dict[int, torch.Ten
     config.json with ``KV_CACHE_QUANTIZATION`` as its ``quantization_config`` (module docstring)."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = json.loads((Path(model_path) / "config.json").read_text())
     if config.get("quantization_config") is not None:
         raise ValueError(f"{model_path!r} already declares a quantization_config: the fp8-kv tier needs an unquantized "
                          "checkpoint (its scales are declared as a KV-cache-only compressed-tensors scheme)")
-    for f in Path(model_path).iterdir():
-        if f.name != "config.json" and not (out / f.name).exists():
-            os.symlink(f.resolve(), out / f.name)
+    out = link_checkpoint(model_path, out_dir, replaced=("config.json",))
     if (out / "config.json").is_symlink():  # a folder made before the declaration existed
         (out / "config.json").unlink()
     (out / "config.json").write_text(json.dumps({**config, "quantization_config": KV_CACHE_QUANTIZATION}, indent=2)

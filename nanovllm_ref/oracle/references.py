@@ -61,7 +61,8 @@ def live_reference(
 
     With ``measure_noise`` the same prompts are also run with sdpa attention, and the largest |dlogprob|
     between the two (as golden/make_goldens.py measures it) goes to ``meta["noise"]`` = {"generated",
-    "prompt"}, from which :func:`~nanovllm_ref.oracle.tolerances.noise_tolerance` derives this model's bounds.
+    "prompt"}, with the mean over the generated steps' shared top-k logprobs as "mean", from which
+    :func:`~nanovllm_ref.oracle.tolerances.noise_tolerance` derives this model's bounds (``mean_tol`` too).
     """
     outputs = _hf_run(model_path, dtype, "eager", prompts, max_tokens, top_k)
     ref = Reference(model, model_path, dtype, [list(p) for p in prompts], list(prompt_ids), outputs,
@@ -69,8 +70,10 @@ def live_reference(
     if measure_noise:
         alt = _hf_run(model_path, dtype, "sdpa", prompts, max_tokens, top_k)
         rep = compare_all(outputs, alt, top_k=top_k, tol=float("inf"), prompt_tol=float("inf"))
+        count = sum(p.gen_diff_count for p in rep.prompts)
         ref.meta["noise"] = {"generated": max(p.max_gen_diff for p in rep.prompts),
                              "prompt": max(p.max_prompt_diff for p in rep.prompts),
+                             "mean": sum(p.gen_diff_sum for p in rep.prompts) / max(count, 1),
                              "method": "transformers eager vs sdpa, one prompt at a time"}
     return ref
 

@@ -25,6 +25,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None for EOS/length)
     logprobs: list[dict[int, float]] | None = None
     error: str | None = None
+    # speculative decoding, so far (cumulative in every output kind): draft tokens verified, and accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -67,6 +70,7 @@ class RequestOutput:
                 old.logprobs = [] if old.logprobs is None else old.logprobs
                 old.logprobs.extend(new.logprobs)
             old.finish_reason, old.stop_reason, old.error = new.finish_reason, new.stop_reason, new.error
+            old.num_draft_tokens, old.num_accepted_tokens = new.num_draft_tokens, new.num_accepted_tokens
         self.outputs = [mine[i] for i in sorted(mine)]
         if self.prompt_logprobs is None:
             self.prompt_logprobs = next_output.prompt_logprobs

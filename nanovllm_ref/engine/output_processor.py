@@ -101,4 +101,5 @@ class OutputProcessor:
             start, piece = 0, "" if detok is None else detok.text[: detok.streamed]
         logprobs = None if s.logprobs is None else s.logprobs[start:num]
         return CompletionOutput(i, s.token_ids[s.num_prompt_tokens + start: s.num_prompt_tokens + num], piece,
-                                s.finish_reason, s.stop_reason, logprobs, s.error)
+                                s.finish_reason, s.stop_reason, logprobs, s.error, s.num_draft_tokens,
+                                s.num_accepted_tokens)

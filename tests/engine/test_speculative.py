@@ -61,9 +61,13 @@ def test_ngram_speculation_emits_what_the_plain_engine_emits(plain, settings) ->
     with LLM(MODEL, dtype="float32", device="cpu", **settings) as llm:
         got = _run(llm, PARAMS)
         lp = _logprob_values(llm, PARAMS[0])
+        outs = llm.generate(PROMPTS, PARAMS[4], use_tqdm=False)
         stats, preemptions = llm.stats().spec_decoding, llm.stats().num_preemptions
     assert got == want
     assert preemptions > 0 or "num_kvcache_blocks" not in settings
+    samples = [c for o in outs for c in o.outputs]  # each sample's own counts, within the engine's totals
+    assert all(0 <= c.num_accepted_tokens <= c.num_draft_tokens for c in samples)
+    assert 0 < sum(c.num_draft_tokens for c in samples) <= stats.num_draft_tokens
     assert max(abs(a - b) for x, y in zip(lp, want_lp) for a, b in zip(x, y)) < 1e-4
     assert stats.num_draft_tokens > 0 and 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
     assert sum(stats.accepted_per_position) == stats.num_accepted_tokens

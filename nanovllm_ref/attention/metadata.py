@@ -27,6 +27,9 @@ class AttentionMetadata:
     # tensors a backend derives from the fields above, computed by the first layer and reused by the others
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
     decode_order: torch.Tensor | None = None  # (num_seqs,) sequences longest context first (decode attention)
+    # a speculative verify step: several rows of one sequence side by side, whose rejected rows' keys a later step
+    # rewrites (a backend must carry nothing of this step's keys over to the next)
+    verifies_drafts: bool = False
 
     @property
     def decode_only(self) -> bool:

@@ -51,6 +51,7 @@ class Plan:
     block_size: int
     mask: torch.Tensor | None = None  # decode: additive float (seqs * kv_heads, 1, ctx)
     extends: Plan | None = None  # decode: the previous step's plan, when this step appends one token to each row
+    carried: bool = True  # decode: whether the next step may extend this one's keys (not a speculative verify step)
     last: torch.Tensor | None = None  # decode: (seqs * kv_heads,) int64 position of each (sequence, KV head)'s new key
     # any other step: each sequence's (first, end) token row, context length and (q_len, seq_len) causal mask, the
     # mask None where the queries are the whole context (SDPA's own causal kernel then)
@@ -78,8 +79,9 @@ def make_plan(meta: AttentionMetadata, num_tokens: int, block_size: int, num_kv_
         lens = meta.seq_lens.long().repeat_interleave(num_kv_heads)  # (seqs * kv_heads,)
         mask = torch.where(key_pos >= lens[:, None], -torch.inf, 0.0)[:, None]  # (seqs * kv_heads, 1, ctx)
         # copies: the next step checks itself against these, and its metadata may reuse these tensors in place
-        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=lens - 1)
-        plan.extends = prev if prev is not None and continues(prev, plan) else None
+        plan = Plan(meta.block_tables.clone(), meta.seq_lens.clone(), block_size, mask, last=lens - 1,
+                    carried=not meta.verifies_drafts)
+        plan.extends = prev if prev is not None and plan.carried and continues(prev, plan) else None
         return plan
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     # query i of q_len sits at position seq_len - q_len + i: it sees the keys up to there (a lower-right causal mask)
@@ -92,7 +94,8 @@ def continues(prev: Plan, plan: Plan) -> bool:
     """Whether decode step `plan` is `prev`'s rows one token on: same sequences, the same cache blocks under every
     key `prev` saw. Then a layer's gathered keys of `prev` plus this step's are this step's context."""
     # (torch.equal is False for another number of sequences)
-    if prev.last is None or prev.width > plan.width or not torch.equal(plan.seq_lens, prev.seq_lens + 1):
+    if (prev.last is None or not prev.carried or prev.width > plan.width
+            or not torch.equal(plan.seq_lens, prev.seq_lens + 1)):
         return False
     blocks = prev.tables.shape[1]  # block j holds keys of prev iff j * block_size < its length
     used = torch.arange(blocks, device=prev.tables.device) * prev.block_size < prev.seq_lens[:, None]

@@ -51,7 +51,7 @@ class DraftModelProposer:
         draft = dataclasses.replace(
             target.config, model=str(config.model), dtype=str(target.dtype).removeprefix("torch."),
             max_model_len=target.max_model_len, num_kvcache_blocks=engine.runner.num_kvcache_blocks,
-            enforce_eager=True, speculative_config=None, async_scheduling=False,
+            speculative_config=None, async_scheduling=False,
         )
         self.runner = ModelRunner(resolve_spec(draft, model_config), model_config)
         self.block_size = target.config.kvcache_block_size

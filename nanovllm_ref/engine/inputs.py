@@ -77,16 +77,17 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     step = StepInput()
     input_ids, sampling_rows, tables = [], [], []
     for seq, num_new in out.scheduled:
+        if seq.draft_tokens:
+            _add_verify_rows(step, seq, sampling_rows, input_ids, tables)
+            continue
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-        input_ids += seq.token_ids[start:end] if not seq.draft_tokens else (seq.token_ids + seq.draft_tokens)[start:end]
+        input_ids += seq.token_ids[start:end]
         step.query_start_loc.append(step.query_start_loc[-1] + num_new)
         step.seq_lens.append(end)
         tables.append(seq.block_table)
         if seq.params.prompt_logprobs is not None:
             _add_prompt_logprobs(step, seq, start, end, step.query_start_loc[-2])
-        if seq.draft_tokens:
-            _add_verify_rows(step, seq, sampling_rows)
-        elif out.samples(seq, num_new):
+        if out.samples(seq, num_new):
             if seq.needs_processing:
                 step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids, seq.num_prompt_tokens,
                                                    seq.stop_ids, seq.seq_id))
@@ -99,19 +100,25 @@ def prepare_step(out: SchedulerOutput, block_size: int) -> StepInput:
     return step
 
 
-def _add_verify_rows(step: StepInput, seq: Sequence, sampling_rows: list[tuple]) -> None:
-    """The sampling rows of a sequence verifying drafts: its last token's and each draft's, in order; row i samples
-    the token at position num_tokens + i from the target's distribution given the drafts before it."""
+def _add_verify_rows(step: StepInput, seq: Sequence, sampling_rows: list[tuple], input_ids: list[int],
+                     tables: list[array]) -> None:
+    """A sequence verifying drafts (its prefill done): its last token and each draft, each a row of its own with the
+    context up to it (a decode row: the step keeps a decode's shape, CUDA graphs included; the layer stores every
+    row's K/V before it attends, so each row sees the ones before it). Row i samples the token at position
+    num_tokens + i from the target's distribution given the drafts before it."""
     drafts, n = seq.draft_tokens, seq.num_tokens
     step.drafts.append((seq.seq_id, len(sampling_rows), list(drafts)))
-    last_row = step.query_start_loc[-1] - 1 - len(drafts)
-    for i in range(len(drafts) + 1):
+    for i, token in enumerate([seq.token_ids[-1], *drafts]):
+        input_ids.append(token)
+        step.query_start_loc.append(step.query_start_loc[-1] + 1)
+        step.seq_lens.append(n + i)
+        tables.append(seq.block_table)
         if seq.needs_processing:  # (row 0 keeps the penalty counts; the others rebuild theirs: draft_index)
             tokens = seq.token_ids + drafts[:i] if i else seq.token_ids
             step.processed.append(ProcessedRow(len(sampling_rows), seq.params, tokens, seq.num_prompt_tokens,
                                                seq.stop_ids, seq.seq_id, i))
         sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))
-        step.logits_indices.append(last_row + i)
+        step.logits_indices.append(step.query_start_loc[-1] - 1)
 
 
 def _token_columns(step: StepInput, input_ids: list[int], tables: list[array], block_size: int) -> None:

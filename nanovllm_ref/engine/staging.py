@@ -51,6 +51,6 @@ def stage_step(step: StepInput, device: torch.device, max_model_len: int, rows: 
         slot_mapping=slots, query_start_loc=starts, seq_lens=seq_lens, block_tables=flat_tables.view(tables.shape),
         max_query_len=step.max_query_len,
         max_seq_len=max_model_len,  # an upper bound, the same in eager and graph runs
-        decode_order=order if decode else None,
+        decode_order=order if decode else None, verifies_drafts=bool(step.drafts),
     )
     return ids, positions, meta, logits_rows, rows

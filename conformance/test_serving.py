@@ -125,24 +125,18 @@ def _same_top(streamed: list[dict | None], whole: list[dict | None]) -> bool:
             [a[k] for k in a], [b[k] for k in a]))) for a, b in zip(streamed, whole))
 
 
-def test_a_streamed_completion_with_logprobs_equals_the_whole_response(server):
-    """text, token ids, tokens, logprobs, top logprobs, text_offset (each chunk's numbered from the text sent
-    before it, vLLM's initial_text_offset) and finish_reason of the chunks, joined, are the whole response's."""
-    base, model = server
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 2}
-    status, raw = _post(base, body)
-    assert status == 200, raw[:500]
-    whole = json.loads(raw)["choices"][0]
-    status, raw = _post(base, {**body, "stream": True})
-    assert status == 200, raw[:500]
-    chunks = _events(raw)
+def completion_stream_differences(whole: dict, chunks: list[dict]) -> list[str]:
+    """How the chunks of a streamed /v1/completions choice, joined, differ from the whole response's choice: text,
+    token ids (where the whole response reports them: vLLM sends ``token_ids: null`` unless the request asks for
+    ``return_token_ids``), tokens, logprobs, top logprobs, text_offset and finish_reason."""
     joined = {key: [x for c in chunks if c.get("logprobs") for x in c["logprobs"][key]]
               for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
     lps, wrong = whole["logprobs"], []
     if "".join(c["text"] for c in chunks) != whole["text"]:
         wrong.append(f"text {''.join(c['text'] for c in chunks)!r}, whole {whole['text']!r}")
-    if "token_ids" in whole and [t for c in chunks for t in c.get("token_ids") or []] != whole["token_ids"]:
-        wrong.append(f"token_ids {[t for c in chunks for t in c.get('token_ids') or []]}, whole {whole['token_ids']}")
+    ids = [t for c in chunks for t in c.get("token_ids") or []]
+    if whole.get("token_ids") is not None and ids != whole["token_ids"]:
+        wrong.append(f"token_ids {ids}, whole {whole['token_ids']}")
     if joined["tokens"] != lps["tokens"]:
         wrong.append(f"tokens {joined['tokens']}, whole {lps['tokens']}")
     if not _same_logprobs(joined["token_logprobs"], lps["token_logprobs"]):
@@ -157,6 +151,20 @@ def test_a_streamed_completion_with_logprobs_equals_the_whole_response(server):
     finish = [c["finish_reason"] for c in chunks if c.get("finish_reason")]
     if finish != [whole["finish_reason"]]:
         wrong.append(f"finish_reason of the chunks {finish}, whole {whole['finish_reason']!r}")
+    return wrong
+
+
+def test_a_streamed_completion_with_logprobs_equals_the_whole_response(server):
+    """text, token ids, tokens, logprobs, top logprobs, text_offset (each chunk's numbered from the text sent
+    before it, vLLM's initial_text_offset) and finish_reason of the chunks, joined, are the whole response's."""
+    base, model = server
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    status, raw = _post(base, body)
+    assert status == 200, raw[:500]
+    whole = json.loads(raw)["choices"][0]
+    status, raw = _post(base, {**body, "stream": True})
+    assert status == 200, raw[:500]
+    wrong = completion_stream_differences(whole, _events(raw))
     assert not wrong, "streamed /v1/completions differs from the whole response:\n  " + "\n  ".join(wrong)
 
 

@@ -112,6 +112,14 @@ def _attention_scales(model) -> list[tuple[list[float], list[float], float, floa
             for _, m in model.named_modules() if hasattr(m, "_k_scale_float")]
 
 
+def fp8_kv_cache_supported() -> bool:
+    """vLLM 0.32's condition for an FP8 KV cache on the CPU (cpu_attn.py ``_get_attn_isa``): AMX or AVX-512, as
+    torch detects them."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_supported())
+
+
 def test_vllm_loads_the_fp8_kv_tiers_per_head_scales(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fp8-kv tier's scaled checkpoint (oracle/fp8_kv.py) is one vLLM accepts with kv_cache_dtype=fp8 and reads
     the per-head scales of (without its config's kv_cache_scheme vLLM refuses it: no k_scale parameter). The CPU
@@ -127,6 +135,9 @@ def test_vllm_loads_the_fp8_kv_tiers_per_head_scales(tmp_path: Path, monkeypatch
     model = next((m for m, c in configs.items() if c.get("num_key_value_heads", 1) > 1), None)
     if model is None:
         pytest.skip("no golden checkpoint with several KV heads has a head size vLLM's CPU build supports")
+    if not fp8_kv_cache_supported():
+        pytest.skip("vLLM's CPU build refuses an FP8 KV cache without AVX-512 or AMX (v1/attention/backends/"
+                    "cpu_attn.py _get_attn_isa), and this CPU has neither")
     cfg = configs[model]
     layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     scales = {i: torch.tensor([[0.01 * (i + 1) + 0.001 * h for h in range(heads)],

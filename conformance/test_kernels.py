@@ -8,7 +8,8 @@ without a GPU the kernels run in the Triton interpreter at small shapes, float32
 is broken there), a few examples each; ``pytest conformance -m gpu`` runs real shapes in bf16/fp16/fp32.
 A candidate that cannot run here (no triton; no GPU and no interpreter) is skipped with its reason, listed once
 per candidate at the end; a failure is a short message (kernel, inputs' shapes, magnitude, the worst element with
-both values, the tolerance).
+both values, the tolerance). A sampling kernel's candidates also go through its statistical check
+(``test_kernel_statistics``: the rejection sampler's token distribution, acceptance counts and padding).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanovllm_ref.oracle.adapters import resolve_factory
-from nanovllm_ref.testing.kernels import FIXED_INPUTS, KERNELS, MAGNITUDES, KernelCandidate, nanovllm_ref_candidates
+from nanovllm_ref.testing.kernels import (
+    FIXED_INPUTS,
+    KERNELS,
+    MAGNITUDES,
+    STATISTICAL_CHECKS,
+    KernelCandidate,
+    nanovllm_ref_candidates,
+)
 from nanovllm_ref.testing.mismatch import KernelMismatch, describe
 
 REFERENCE_FREE = True  # runs under --reference none
@@ -46,6 +54,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fixed_case" in metafunc.fixturenames:
         cases = [(c, name) for c in candidates(metafunc.config) for name in FIXED_INPUTS.get(c.kernel, {})]
         metafunc.parametrize("fixed_case", cases, ids=[f"{c.kernel}-{c.label}-{name}" for c, name in cases])
+    if "statistical_candidate" in metafunc.fixturenames:
+        found = [c for c in candidates(metafunc.config) if c.kernel in STATISTICAL_CHECKS]
+        metafunc.parametrize("statistical_candidate", found, ids=[f"{c.kernel}-{c.label}" for c in found])
 
 
 def skip_unavailable(candidate: KernelCandidate) -> None:
@@ -91,3 +102,15 @@ def test_kernel_fixed_inputs(fixed_case) -> None:
     candidate, name = fixed_case
     skip_unavailable(candidate)
     compare(candidate, FIXED_INPUTS[candidate.kernel][name]("cuda" if ON_GPU else "cpu"), f"fixed inputs {name}")
+
+
+def test_kernel_statistics(statistical_candidate) -> None:
+    """Each candidate of a sampling kernel through its statistical check (nanovllm_ref.testing.kernels.
+    STATISTICAL_CHECKS; the rejection sampler's: oracle/rejection_check.py, synthetic target and draft
+    distributions over thousands of seeds, family-wise false-alarm rate 1e-5): the emitted tokens' distribution
+    at every position, the acceptance counts, the -1 padding. An engine with noise of its own cannot draw the
+    reference's tokens (the comparisons above); this holds it to the distribution they must follow."""
+    candidate = statistical_candidate
+    skip_unavailable(candidate)
+    failures = STATISTICAL_CHECKS[candidate.kernel](candidate.fn, "cuda" if ON_GPU else "cpu")
+    assert not failures, f"{candidate.kernel} [{candidate.label}]: " + "; ".join(failures[:5])

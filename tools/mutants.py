@@ -83,6 +83,8 @@ SERVE_TESTS = "tests/serve/test_openai_client.py"
 EDGES_CONF = "conformance/test_sampling_edges.py"  # extreme filters, filters with penalties, min_tokens alone
 ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generation
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
+REJECTION = "nanovllm_ref/kernels/rejection.py"  # the speculative-decoding rejection sampler and its kernel
+REJECTION_TESTS = "tests/kernels/test_kernel_rejection.py"
 
 
 M = Mutant
@@ -271,6 +273,45 @@ MUTANTS: tuple[Mutant, ...] = (
     M("gumbel-noise-series-term", "nanovllm_ref/kernels/sampling.py", "near = w * (1.0 + w * (0.5 + w",
       "near = w * (1.0 + w * (1.0 + w", "the Triton sampler's -ln(u) series near u = 1 has a wrong w^2 term (noise off "
       "by up to 3% where it is largest)", ("tests/kernels/test_kernel_sampling.py",), kernels("gumbel")),
+    # the speculative-decoding rejection sampler: its reference, then its Triton kernel
+    M("rejection-accept-inverted", REJECTION, "accept = (u * q_d < p_d) & live", "accept = (u * q_d >= p_d) & live",
+      "rejection sampler: a draft is accepted where it should be rejected (u q >= p)", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-accept-q-over-p", REJECTION, "accept = (u * q_d < p_d) & live", "accept = (u * p_d < q_d) & live",
+      "rejection sampler: acceptance probability min(1, q/p), not min(1, p/q)", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-residual-is-p", REJECTION, "residual = (p_last - q_last).clamp(min=0)", "residual = p_last.clone()",
+      "rejection sampler: the token after a rejection is drawn from p, not from max(0, p - q)", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-no-bonus", REJECTION, "    out[rows, n_acc] = token\n",
+      "    out[rows, n_acc] = torch.where(rejected, token, -1)\n",
+      "rejection sampler: no bonus token when every draft is accepted", (REJECTION_TESTS,), kernels("rejection")),
+    M("rejection-bonus-position-off-by-one", REJECTION, "bonus_keys = row_keys(seeds, positions + n_acc)",
+      "bonus_keys = row_keys(seeds, positions + n_acc + 1)",
+      "rejection sampler: the bonus token's noise keyed one position late (not the plain sampler's draw)",
+      (REJECTION_TESTS,), kernels("rejection")),
+    M("rejection-recovered-from-q", REJECTION, "residual, p_last)", "q_last, p_last)",
+      "rejection sampler: the token after a rejection is drawn from the draft's q", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-kernel-accept-inverted", REJECTION, "going = going & (u * q_tok < p_tok)",
+      "going = going & (u * q_tok >= p_tok)", "Triton rejection sampler: a draft accepted where u q >= p",
+      (REJECTION_TESTS,), kernels("rejection")),
+    M("rejection-kernel-residual-is-p", REJECTION, "w = tl.maximum(p - q, 0.0)", "w = p",
+      "Triton rejection sampler: the token after a rejection drawn from p, not max(0, p - q)", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-kernel-no-bonus", REJECTION, "tl.where(j == accepted, token, d)",
+      "tl.where((j == accepted) & rejected, token, d)",
+      "Triton rejection sampler: no bonus token when every draft is accepted", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-kernel-bonus-position-off-by-one", REJECTION,
+      "key = tl.where(rejected, _pcg(plain ^ _RECOVER), plain)",
+      "key = tl.where(rejected, _pcg(plain ^ _RECOVER), _pcg(seed_key + (pos + accepted + 1).to(tl.uint32)))",
+      "Triton rejection sampler: the bonus token's noise keyed one position late", (REJECTION_TESTS,),
+      kernels("rejection")),
+    M("rejection-kernel-recovered-from-q", REJECTION, "w = tl.maximum(p - q, 0.0)",
+      "w = tl.where(residual[:, None], q, p)",
+      "Triton rejection sampler: the token after a rejection drawn from the draft's q", (REJECTION_TESTS,),
+      kernels("rejection")),
     M("loader-kv-swap", "nanovllm_ref/layers/linear.py", '"k": kv, "v": kv}', '"v": kv, "k": kv}',
       "loader swaps the k and v shards of qkv_proj",
       (GOLDEN,)),

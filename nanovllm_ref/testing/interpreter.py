@@ -13,7 +13,7 @@ import os
 import sys
 
 KERNEL_MODULES = ("_triton_common", "prefill_attention", "decode_attention", "store_kv", "rmsnorm", "activation",
-                  "fused_moe", "sampling", "qkv_epilogue")
+                  "fused_moe", "sampling", "rejection", "qkv_epilogue")
 
 
 def use_triton_interpreter() -> bool:

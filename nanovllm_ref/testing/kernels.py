@@ -16,6 +16,8 @@ conformance/README.md)::
 A candidate that cannot run here says why through ``unavailable`` (nanovllm_ref's Triton kernels: no triton, or no
 GPU and no interpreter) and is skipped with that reason; a check that fails raises a short
 :class:`~nanovllm_ref.testing.mismatch.KernelMismatch` (the worst element, both values, the tolerance).
+:data:`STATISTICAL_CHECKS` adds, for a sampling kernel, a check of its output's distribution (the rejection
+sampler's: oracle/rejection_check.py), which another engine's kernel, with its own noise, passes too.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from ..kernels.decode_attention import decode_attention_reference
 from ..kernels.fused_moe import fused_moe_ref
 from ..kernels.prefill_attention import prefill_attention_reference
 from ..kernels.qkv_epilogue import qkv_epilogue_reference
+from ..kernels.rejection import rejection_sample_reference
 from ..kernels.rmsnorm import rms_norm_reference
 from ..kernels.rotary import apply_rotary_reference, rope_cos_sin_cache
 from ..kernels.sampling import gumbel_sample_reference
 from ..kernels.store_kv import store_kv_reference
-from . import gemm
+from ..oracle.rejection_check import check_rejection_sampler
+from . import gemm, rejection
 from .mismatch import Described, KernelMismatch, check_equal, check_same_layout, triton_unavailable, worst_element
 from .strategies import RELATIVE_TOLERANCE, PagedBatch, make_paged_batch, paged_batches, relative_error
 
@@ -301,7 +305,15 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("gumbel_sample", _sampling_inputs, _plain_call, _sampling_check, gumbel_sample_reference),
     KernelSpec("qkv_epilogue", _epilogue_inputs, _epilogue_call, _epilogue_check, qkv_epilogue_reference),
     KernelSpec("invariant_linear", gemm.linear_inputs, _plain_call, _linear_check, gemm.invariant_linear_reference),
+    KernelSpec("rejection_sample", rejection.inputs, _plain_call, rejection.check, rejection_sample_reference),
 )}
+
+# Statistical checks per kernel (name -> check(fn, device) -> failures, [] = pass), beside the comparison with the
+# reference: what the kernel's output must satisfy in distribution, whatever its noise (another engine's rejection
+# sampler draws other tokens than the reference's, and is held to the distribution alone).
+STATISTICAL_CHECKS: dict[str, Callable[[Callable, str], list[str]]] = {
+    "rejection_sample": check_rejection_sampler,
+}
 
 
 def _decode_every_split(dtype: torch.dtype) -> Callable[[str], PagedBatch]:
@@ -375,6 +387,7 @@ FIXED_INPUTS: dict[str, dict[str, Callable[[str], Any]]] = {
     "gumbel_sample": {"vocab-across-splits": _sampling_across_splits, "noise-decides": _sampling_noise_decides,
                       "nonfinite-outside-best-chunk": _sampling_nonfinite_outside_best_chunk},
     "silu_and_mul": {"wide-rows": _silu_wide_rows},
+    "rejection_sample": {"across-programs": rejection.across_programs},
     "invariant_linear": {"engine-split-layer": gemm.engine_split_layer},
     "rms_norm": {"residual-float32": _norm_with_residual(torch.float32),
                  "residual-float16": _norm_with_residual(torch.float16)},
@@ -409,6 +422,7 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         fused_moe,
         prefill_attention,
         qkv_epilogue,
+        rejection,
         rmsnorm,
         sampling,
         store_kv,
@@ -436,6 +450,7 @@ def nanovllm_ref_candidates() -> list[KernelCandidate]:
         KernelCandidate("fused_moe", "triton", fused_moe.fused_moe, triton_unavailable),
         KernelCandidate("gumbel_sample", "triton", sampling.gumbel_sample, triton_unavailable),
         KernelCandidate("qkv_epilogue", "triton", qkv_epilogue.qkv_epilogue, triton_unavailable),
+        KernelCandidate("rejection_sample", "triton", rejection.rejection_sample, triton_unavailable),
         *(KernelCandidate("invariant_linear", label, fn, triton_unavailable) for label, fn in gemm.candidates()),
         *backend_candidates(SdpaBackend, "sdpa"),
     ]

@@ -106,7 +106,7 @@ class EnginePool:
 
     def get(self, model: ModelSpec, dtype: str, **extra: Any) -> EngineAdapter:
         kwargs = self.engine_kwargs(**extra)
-        key = (self.options.engine, model.path, dtype, tuple(sorted(kwargs.items())))
+        key = (self.options.engine, model.path, dtype, settings_key(kwargs))
         if key in self.failed:
             pytest.fail(f"the engine could not be built (its first test shows why): {self.failed[key]}", pytrace=False)
         if key not in self.adapters:
@@ -120,7 +120,7 @@ class EnginePool:
 
     def generate(self, model: ModelSpec, dtype: str, ref: Reference, **extra: Any) -> list[EngineOutput]:
         """The engine's outputs for all reference prompts submitted at once (memoized)."""
-        key = (model.path, dtype, tuple(sorted(self.engine_kwargs(**extra).items())))
+        key = (model.path, dtype, settings_key(self.engine_kwargs(**extra)))
         if key not in self.outputs:
             adapter = self.get(model, dtype, **extra)
             self.outputs[key] = adapter.generate(ref.prompts, ref.max_tokens, ref.top_k, prompt_logprobs=True)
@@ -130,6 +130,11 @@ class EnginePool:
         for adapter in self.adapters.values():
             adapter.close()
         self.adapters.clear()
+
+
+def settings_key(settings: dict[str, Any]) -> tuple:
+    """A hashable key of engine settings whose values may be dicts or lists (a speculative_config)."""
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in settings.items()))
 
 
 class ReferencePool:

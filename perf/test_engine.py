@@ -129,6 +129,39 @@ def test_tp_scaling(benchmark, engines, perf_model, shape, ceilings, tp):
     _throughput(benchmark, llm, workloads.headline().subset(128), shape, ceilings, 2, tp=tp)
 
 
+SPECULATIVE = {  # draft model -> what it measures (speculative_config with 3 drafts a step)
+    "target": "every draft accepted (draft = target): the tokens per step and the verify step's cost",
+    "draft": "every draft rejected (a 2-layer model of random weights): the overhead of a wasted speculation",
+}
+
+
+def _speculative_case(benchmark: Any, llm: Any, batch: int, lengths: tuple[int, int], rounds: int) -> None:
+    _latency(benchmark, llm, batch, *lengths, reps=rounds, rounds=rounds)
+    stats = llm.stats().spec_decoding
+    if stats is not None:
+        benchmark.extra_info.update(acceptance_rate=stats.acceptance_rate,
+                                    mean_acceptance_length=stats.mean_acceptance_length)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("case", ["plain", *SPECULATIVE])
+def test_speculative_latency(benchmark, engines, perf_model, case, batch):
+    """TPOT of a draft-model speculative engine against the plain one (SPECULATIVE says what each case measures);
+    graphs stay on for the steps that verify nothing. The KV budget leaves room for the draft's cache."""
+    arch, _ = perf_model
+    llm = engines.get(arch=arch, speculative_config=_draft(arch, case, "qwen3-0.6b-draft"), gpu_memory_utilization=0.4)
+    benchmark.group = f"engine_speculative_batch{batch}"
+    _speculative_case(benchmark, llm, batch, (512, 128), 2)
+
+
+def _draft(arch: str, case: str, other: str) -> dict | None:
+    from nanovllm_ref.testing.bench.models import model_folder
+
+    return None if case == "plain" else {"model": model_folder(arch if case == "target" else other),
+                                         "num_speculative_tokens": 3}
+
+
 # ---- CPU smoke ----------------------------------------------------------------------------------------------
 TINY = ModelShape.from_arch("tiny")
 
@@ -150,6 +183,16 @@ def test_prefix_heavy_smoke(benchmark, engines, ceilings):
     w = workloads.get("prefix-smoke")
     r = _throughput(benchmark, llm, w, TINY, ceilings, 1, dtype_bytes=4)
     assert r.cached_prompt_tokens > 0  # requests admitted after the first step hit the 64-token shared prefix
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("case", ["plain", *SPECULATIVE])
+def test_speculative_latency_smoke(benchmark, engines, case):
+    llm = engines.get(**CPU_ENGINE, speculative_config=_draft("tiny", case, "tiny-draft"))
+    benchmark.group = "smoke-engine_speculative"
+    _speculative_case(benchmark, llm, 2, (16, 8), 1)
+    rate = benchmark.extra_info.get("acceptance_rate")
+    assert rate is None if case == "plain" else (rate == 1.0 if case == "target" else rate < 0.5)
 
 
 @pytest.mark.smoke

@@ -138,6 +138,18 @@ def _add_prompt_logprobs(step: StepInput, seq: Sequence, start: int, end: int, f
         step.prompt_logprobs.append((seq.seq_id, rows, targets, seq.params.prompt_logprobs))
 
 
+def chunks_step(chunks: list[tuple[list[int], int, array]], block_size: int) -> StepInput:
+    """A forward over chunks of sequences outside the scheduler's accounting (a draft model's, proposers): each
+    (token ids, position of the first, block table), its logits row its last token."""
+    step = StepInput()
+    for tokens, start, _ in chunks:
+        step.query_start_loc.append(step.query_start_loc[-1] + len(tokens))
+        step.seq_lens.append(start + len(tokens))
+        step.logits_indices.append(step.query_start_loc[-1] - 1)
+    _token_columns(step, [t for tokens, _, _ in chunks for t in tokens], [table for _, _, table in chunks], block_size)
+    return step
+
+
 def dummy_prefill_step(num_seqs: int, q_len: int, block_size: int) -> StepInput:
     """A prefill of `num_seqs` fresh sequences of `q_len` zero tokens, for warm-ups: every slot is -1 (nothing is
     written) and every block table entry is block 0."""

@@ -36,7 +36,7 @@ from .model_runner import ModelRunner, StepOutput
 from .observers import EngineStats, ScheduleObserver, SpecDecodingStats
 from .output_processor import OutputProcessor
 from .overlap import Overlap, OverlapScheduler
-from .proposers import make_proposer
+from .proposers import draft_reserve_of, make_proposer
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .workers import TPExecutor, WorkersFailed
@@ -55,6 +55,7 @@ def eos_token_ids(path: str, model_config: ModelConfig) -> frozenset[int]:
 class LLMEngine:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.proposer = None  # speculative decoding's (proposers.py), made once the runner is
         self.hf_config = load_hf_config(config.model)  # as transformers reads it (the server shows it)
         self.model_config = ModelConfig.from_hf(self.hf_config)
         self.spec = resolve_spec(config, self.model_config)
@@ -68,7 +69,8 @@ class LLMEngine:
             self.primary_eos = eos if isinstance(eos, int) else (eos or [None])[0]
         self.vocab_size = self.model_config.vocab_size
         self.runner = (TPExecutor(self.spec, self.model_config, config.tensor_parallel_size)
-                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config))
+                       if config.tensor_parallel_size > 1 else ModelRunner(self.spec, self.model_config,
+                                                                           draft_reserve_of(speculative, self.spec)))
         self._check_cache_fits_one_request(self.runner.num_kvcache_blocks)
         self.block_manager = BlockManager(
             self.runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
@@ -313,6 +315,9 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop workers and free device memory; the engine serves nothing afterwards."""
         self.overlap = None
+        if self.proposer is not None:
+            self.proposer.shutdown()
+            self.proposer = None
         if self.runner is not None:
             self.runner.shutdown()
             self.runner = None

@@ -52,8 +52,11 @@ class Launched:
 
 
 class ModelRunner:
-    def __init__(self, spec: RunnerSpec, model_config: ModelConfig) -> None:
+    def __init__(self, spec: RunnerSpec, model_config: ModelConfig, reserve: tuple[int, int] = (0, 0)) -> None:
+        """`reserve`: (bytes per KV block, bytes) that a CUDA cache sized from the memory budget leaves to a draft
+        model's cache and weights (draft_model.py `draft_reserve`)."""
         self.spec, self.model_config, self.block_size = spec, model_config, spec.config.kvcache_block_size
+        self.reserve = reserve
         self.device = torch.device(spec.device)
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
@@ -140,7 +143,8 @@ class ModelRunner:
         share = total * self.spec.config.gpu_memory_utilization - peak
         # ... but never more than is there: free memory plus what this process's allocator holds unused
         there = free + torch.cuda.memory_reserved() - peak
-        return int(min(share, there)) // self._block_bytes()
+        per_block, fixed = self.reserve
+        return int(min(share, there) - fixed) // (self._block_bytes() + per_block)
 
     @torch.inference_mode()
     def _warmup(self, measure: bool) -> None:

@@ -15,14 +15,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..config import RunnerSpec
 from ..speculative import SpeculativeConfig
-from .scheduler import SchedulerOutput
-from .sequence import Sequence
-
-
-def lookahead_room(seq: Sequence, num_new: int) -> int:
-    """How many draft tokens the scheduler left room for after the sequence's known tokens."""
-    return num_new - (seq.num_tokens - seq.num_computed_tokens)
+from .scheduler import SchedulerOutput, lookahead_room
 
 
 def trim_grants(out: SchedulerOutput) -> None:
@@ -58,6 +53,18 @@ class NgramProposer:
                 seq.draft_tokens = ngram_lookup(seq.token_ids, room, self.min_n, self.max_n)
         trim_grants(out)
         return None
+
+    def shutdown(self) -> None:
+        pass  # (nothing held)
+
+
+def draft_reserve_of(config: SpeculativeConfig | None, target: RunnerSpec) -> tuple[int, int]:
+    """The memory a draft model needs beside the target's budget (draft_model.py), (0, 0) without one."""
+    if config is None or config.method != "draft_model":
+        return 0, 0
+    from .draft_model import draft_reserve
+
+    return draft_reserve(config, target)
 
 
 def make_proposer(config: SpeculativeConfig, engine: object) -> NgramProposer:

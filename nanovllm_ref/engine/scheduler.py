@@ -45,6 +45,11 @@ class SchedulerOutput:
         return seq.num_computed_tokens + num_new_tokens >= seq.num_tokens
 
 
+def lookahead_room(seq: Sequence, num_new: int) -> int:
+    """How many draft tokens a grant of `num_new` leaves room for after the sequence's known tokens."""
+    return num_new - (seq.num_tokens - seq.num_computed_tokens)
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids: frozenset[int] = frozenset(), num_lookahead_tokens: int = 0,

@@ -36,6 +36,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks, in order
         self.draft_tokens: list[int] = []  # speculative proposals this step verifies (proposers.py), after token_ids
         self.num_draft_tokens = self.num_accepted_tokens = 0  # speculative decoding's counts (observers.py)
+        self.draft_state = (0, 0)  # a draft model's KV: (tokens it holds, num_preemptions then) (draft_model.py)
         # What the per-step loops need, computed once: the tokens that end the request (the scheduler adds
         # eos) and its length limit (capped by max_model_len there), and this request's sampling row.
         self.stop_ids = frozenset(params.stop_token_ids)

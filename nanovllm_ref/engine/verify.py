@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..kernels.rejection import rejection_sample, rejection_sample_reference
 from ..layers.sampler import SamplingBatch, apply_warpers
 from .inputs import StepInput
 
@@ -72,8 +73,6 @@ def resample_rejected(packed: torch.Tensor, step: StepInput, logits: torch.Tenso
                       processed: Any, draft_probs: torch.Tensor, use_kernels: bool) -> None:
     """Redraw the rows of the sampled requests among `step.drafts` (B, in order; `draft_probs` (B, K, vocab): the
     distributions their drafts were drawn from) by the rejection rule, writing the tokens into `packed` (2, n)."""
-    from ..kernels.rejection import rejection_sample, rejection_sample_reference
-
     chosen = [(b, first, drafts) for b, (_, first, drafts) in enumerate(step.drafts) if step.temperature[first] > 0]
     if not chosen:
         return

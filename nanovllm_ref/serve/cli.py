@@ -52,7 +52,24 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     for name in ("dtype", "max_model_len", "device", "batch_invariant"):
         if getattr(args, name, None) is not None:
             kwargs[name] = getattr(args, name)
+    if getattr(args, "speculative_config", None) is not None:
+        kwargs["speculative_config"] = speculative_kwargs(args.speculative_config)
     return kwargs
+
+
+def speculative_kwargs(text: str) -> dict:
+    """--speculative-config's JSON (vLLM's flag and fields); a draft `model` may be a golden checkpoint's name."""
+    try:
+        spec = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--speculative-config: not valid JSON ({e}): {text!r}") from None
+    if not isinstance(spec, dict):
+        raise UsageError(f"--speculative-config: a JSON object is needed, got {text!r}")
+    if isinstance(spec.get("model"), str):
+        from golden.load import resolve_model
+
+        spec["model"] = checked(resolve_model, spec["model"])
+    return spec
 
 
 def model_folder(args: argparse.Namespace) -> str:
@@ -95,6 +112,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--device", default=None, choices=DEVICES)
     p.add_argument("--config", default="{}", help='more engine config as JSON, e.g. \'{"max_num_seqs": 64}\'')
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding (vLLM\'s fields), e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 3}\' or \'{"model": "qwen3-tiny", "num_speculative_tokens": 3}\'')
     p.add_argument("--batch-invariant", action="store_true", default=None,
                    help="a request's tokens and logprobs bitwise independent of the rest of the batch")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks for errors")

@@ -63,10 +63,31 @@ class ServerMetrics(LoopObserver):
         self.request_generation = make(Histogram, "vllm:request_generation_tokens", "Output tokens per request "
                                        "(all n samples)", buckets=TOKEN_BUCKETS).labels(**label)
 
-    def on_step(self, stats: dict[str, float]) -> None:
+        self.spec = {name: make(Counter, f"vllm:spec_decode_{name}", doc).labels(**label) for name, doc in (
+            ("num_drafts", "Speculative verifications (one sequence's drafts each)"),
+            ("num_draft_tokens", "Draft tokens verified"), ("num_accepted_tokens", "Draft tokens accepted"))}
+        self.spec_per_pos = make(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, "
+                                 "by position in the draft", labels=("position",))
+        self.spec_seen: dict[str, int] = {}  # the engine's totals already counted
+
+    def on_step(self, stats: dict) -> None:
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_usage.set(stats["kv_cache_usage"])
+        if stats.get("spec_decoding"):
+            self._count_spec(stats["spec_decoding"])
+
+    def _count_spec(self, spec: dict) -> None:
+        """The engine's spec-decode totals into the counters (by the increase since the last step)."""
+        totals = {name: spec[name] for name in self.spec}
+        totals |= {f"pos{i}": n for i, n in enumerate(spec["accepted_per_position"])}
+        for key, total in totals.items():
+            new = total - self.spec_seen.get(key, 0)
+            if new > 0:
+                counter = self.spec.get(key) or self.spec_per_pos.labels(model_name=self.model_name,
+                                                                          position=key.removeprefix("pos"))
+                counter.inc(new)
+            self.spec_seen[key] = total
 
     def on_first_token(self, num_prompt_tokens: int, ttft_s: float) -> None:
         self.prompt_tokens.inc(num_prompt_tokens)

@@ -32,7 +32,8 @@ _COMMON: dict[str, Any] = {
     "initializer_range": 0.02,
 }
 
-# Shapes of the published Qwen3 checkpoints (their config.json), plus a tiny one for CPU smoke runs.
+# Shapes of the published Qwen3 checkpoints (their config.json), plus a tiny one for CPU smoke runs, and draft
+# models for speculative decoding's benchmarks (a target's shape cut to a few layers: another model, same vocabulary).
 ARCHS: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": {
         "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -53,6 +54,9 @@ ARCHS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32",
     },
 }
+# (an untied LM head of its own: a random tied model's argmax tends to repeat its input, and so would the target's)
+ARCHS["qwen3-0.6b-draft"] = {**ARCHS["qwen3-0.6b"], "num_hidden_layers": 2, "tie_word_embeddings": False}
+ARCHS["tiny-draft"] = {**ARCHS["tiny"], "num_hidden_layers": 1, "tie_word_embeddings": False}
 
 _FOLDERS: dict[str, str] = {}
 

@@ -19,7 +19,7 @@ from nanovllm_ref.testing.interpreter import use_triton_interpreter
 
 use_triton_interpreter()  # test_kernels.py: Triton kernels in the interpreter on a machine without a GPU
 
-from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report  # noqa: E402
+from nanovllm_ref.oracle.pytest_plugin import engine_args, record_report, record_speculation  # noqa: E402
 
 from .harness import (  # noqa: E402
     EnginePool,
@@ -28,6 +28,7 @@ from .harness import (  # noqa: E402
     deselect_invariance_cases,
     selected_dtypes,
     selected_models,
+    speculative_cases,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +40,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("model_spec", models, ids=[m.name for m in models], scope="session")
     if "dtype" in metafunc.fixturenames:
         metafunc.parametrize("dtype", selected_dtypes(metafunc.config), scope="session")
+    if "spec" in metafunc.fixturenames:  # test_spec_decode*.py: module-scoped, so a config's cases run together
+        cases = speculative_cases(metafunc.config)
+        metafunc.parametrize("spec", cases, ids=[c.id for c in cases], scope="module")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -103,3 +107,9 @@ def references(options: Options) -> ReferencePool:
 def record(pytestconfig: pytest.Config) -> Any:
     """``record(report)`` adds a ConformanceReport to the end-of-run summary and the JSON report."""
     return functools.partial(record_report, pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def record_spec(pytestconfig: pytest.Config) -> Any:
+    """``record_spec(meta)`` adds a speculative run's counts (oracle/spec_decode.py) to the summary and the report."""
+    return functools.partial(record_speculation, pytestconfig)

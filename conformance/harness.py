@@ -14,6 +14,7 @@ from nanovllm_ref.oracle.adapters import EngineAdapter, load_adapter
 from nanovllm_ref.oracle.compare import EngineOutput
 from nanovllm_ref.oracle.dialects import DIALECTS, legacy_view, split_dialect
 from nanovllm_ref.oracle.references import Reference, golden_reference, live_reference
+from nanovllm_ref.oracle.spec_decode import SpecConfig, configs_for
 from nanovllm_ref.oracle.tolerances import Tolerance, golden_tolerance, noise_tolerance, quantized_tolerance
 
 
@@ -174,6 +175,32 @@ class ReferencePool:
             return ref
         prompts, names = live_prompts(model.path)
         return live_reference(model.name, model.path, dtype, prompts, names)
+
+
+# test_spec_decode*.py in the default sweep (no --model): each speculative config costs engines of its own
+SPEC_DECODE_MODELS = ("qwen3-tiny",)
+
+
+def speculative_cases(config: pytest.Config) -> list[SpecConfig]:
+    """(checkpoint, speculative config) pairs of test_spec_decode*.py: the adapter factory's advertised configs
+    (``speculative_configs(model_path)``) and --speculative-config's, per checkpoint of the sweep."""
+    models = selected_models(config)
+    if not config.getoption("--model"):
+        models = [m for m in models if m.name in SPEC_DECODE_MODELS] or models[:1]
+    return [c for m in models
+            for c in configs_for(adapter_factory(config.getoption("--engine")), m,
+                                 config.getoption("--speculative-config"))]
+
+
+def adapter_factory(engine: str) -> Any:
+    """The factory (class) --engine names, None where it cannot be imported here (its cases say so later)."""
+    from nanovllm_ref.oracle.adapters import ADAPTERS, SERVER_ADAPTERS, resolve_factory, server_url
+
+    prefix = engine.partition(":")[0]
+    try:
+        return resolve_factory(SERVER_ADAPTERS[prefix] if server_url(engine) else ADAPTERS.get(engine, engine))
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None
 
 
 def live_prompts(model_path: str) -> tuple[list[list[int]], list[str]]:

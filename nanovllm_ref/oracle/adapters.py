@@ -117,6 +117,27 @@ class NanovllmRefAdapter:
                 f"async-scheduling-{'on' if other else 'off'}": ({"async_scheduling": other}, False)}
 
     @staticmethod
+    def speculative_configs(model_path: str) -> dict[str, dict[str, Any]]:
+        """The speculative configs it is checked with (oracle/spec_decode.py: n-gram k = 1, 3, 5; draft models)."""
+        from .spec_decode import nanovllm_ref_configs
+
+        return nanovllm_ref_configs(model_path)
+
+    def spec_decode_stats(self) -> tuple[int, int, int] | None:
+        """(draft tokens, accepted tokens, verifications) since the engine started; None without speculation."""
+        s = self.llm.stats().spec_decoding
+        return None if s is None else (s.num_draft_tokens, s.num_accepted_tokens, s.num_drafts)
+
+    def rejection_sampler(self) -> Callable:
+        """The rejection sampler the engine draws with (its Triton kernel where it uses kernels, else the torch
+        reference), taking and returning CPU tensors (oracle/rejection_check.py)."""
+        from ..kernels.rejection import rejection_sample, rejection_sample_reference
+
+        fn = rejection_sample if getattr(self.llm.engine.runner, "use_kernels", False) else rejection_sample_reference
+        device = self.engine_kwargs["device"]
+        return fn if device == "cpu" else (lambda *args: fn(*(t.to(device) for t in args)).cpu())
+
+    @staticmethod
     def _params(requests: list[RequestSpec]) -> list[Any]:
         import dataclasses
 

@@ -130,6 +130,29 @@ class VLLMAdapter:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()  # vllm.LLM's own
 
+    @staticmethod
+    def speculative_configs(model_path: str) -> dict[str, dict[str, Any]]:
+        """Prompt lookup with 1 and 3 drafts (``LLM(speculative_config=...)``), with stat logging on: vLLM's
+        ``LLM.get_metrics()`` needs it for the spec_decode counters."""
+        from .spec_decode import ngram_configs
+
+        return ngram_configs((1, 3), disable_log_stats=False)
+
+    def spec_decode_stats(self) -> tuple[int, int, int] | None:
+        """vLLM's counters ``vllm:spec_decode_num_draft_tokens``, ``_num_accepted_tokens`` and ``_num_drafts``
+        (``LLM.get_metrics()``); None where stat logging is off or the engine does not speculate."""
+        try:
+            metrics = self.llm.get_metrics()
+        except AssertionError:  # "Stat logging disabled": LLM(disable_log_stats=True), vLLM's offline default
+            return None
+        values: dict[str, int] = {}
+        for m in metrics:
+            if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
+                values[m.name] = values.get(m.name, 0) + int(m.value)
+        names = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+                 "vllm:spec_decode_num_drafts")
+        return tuple(values[n] for n in names) if all(n in values for n in names) else None
+
     def run_requests(self, requests: list) -> list:
         """Requests with their own settings (oracle/requests.py), passed to vLLM's SamplingParams by name. vLLM's
         logprobs_mode is an engine setting (LLM(logprobs_mode=...), e.g. through --engine-arg): a request asking
@@ -151,8 +174,17 @@ class VLLMAdapter:
                 params.append(SamplingParams(**_vllm_structured(kwargs)))
             except (TypeError, ValueError) as e:  # an unknown name, or a combination vLLM refuses (greedy n > 1)
                 raise UnsupportedSetting(f"vLLM's SamplingParams: {e}") from None
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
-                                 use_tqdm=False)
+        try:
+            from vllm.exceptions import VLLMValidationError
+        except ImportError:  # an older vLLM: its refusals stay errors
+            VLLMValidationError = ()  # noqa: N806
+
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
+                                     use_tqdm=False)
+        except VLLMValidationError as e:  # refused when added: "min_p and logit_bias ... not yet supported with
+            # speculative decoding" (vLLM 0.32's SamplingParams._validate_spec_decode)
+            raise UnsupportedSetting(f"vLLM refuses the request: {' '.join(str(e).split())}") from None
         return [[Completion(list(c.token_ids), c.finish_reason,
                             None if c.logprobs is None else [_step_dict(step) for step in c.logprobs],
                             None if o.prompt_logprobs is None else [_step_dict(p) for p in o.prompt_logprobs],

@@ -2,7 +2,7 @@
 
 It holds what must exist before pytest collects anything, whichever directory it starts from: the
 conformance options (``--engine``, ``--engine-arg``, ``--model``, ``--reference``, ``--dtype``, ``--tp``,
-``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``), the ``gpu`` / ``slow`` markers, the store of
+``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``, ``--speculative-config``), the ``gpu`` / ``slow`` markers, the store of
 recorded reports and the end-of-run summary with the JSON report (report.py: no optional package needed), ending
 in the per-capability verdict (capabilities.py: what the engine was checked on, and what it was not, and why).
 Bad option values and unsupported torch / transformers / triton versions are usage errors at start
@@ -27,6 +27,7 @@ import pytest
 from .suite_options import parse_engine_args
 
 REPORTS = pytest.StashKey[list]()
+SPECULATION = pytest.StashKey[list]()  # speculative runs' counts (oracle/spec_decode.py speculation_meta)
 CAPABILITIES = pytest.StashKey[dict]()  # nodeid -> capability, for the conformance suite's tests
 MAX_KERNEL_SKIP_LINES = 5
 
@@ -63,6 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--invariance-trials", dict(type=int, default=3,
                                      help="random batch compositions per needle and case in "
                                           "test_batch_invariance.py (default 3; 20 on a GPU)")),
+        ("--speculative-config", dict(default=None, metavar="JSON",
+                                      help="one more speculative config for conformance/test_spec_decode*.py, "
+                                           "passed as the factory's speculative_config, e.g. "
+                                           "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (the engine's "
+                                           "factory must take speculative_config)")),
         ("--torch-threads", dict(type=int, default=1,
                                  help="torch CPU threads while conformance tests run (default 1: the tiny models "
                                       "gain nothing from more, and on a loaded machine multi-threaded torch is "
@@ -76,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from .suite_options import check_server_reachable, check_suite_not_shadowed, check_versions, validate_options
 
     config.stash[REPORTS] = []
+    config.stash[SPECULATION] = []
     config.stash[CAPABILITIES] = {}
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
     config.addinivalue_line("markers", "slow: long-running")
@@ -94,6 +101,11 @@ def engine_args(config: pytest.Config) -> tuple[tuple[str, Any], ...]:
 def record_report(config: pytest.Config, report: Any) -> None:
     """Add a ConformanceReport to the end-of-run summary and the JSON report."""
     config.stash[REPORTS].append(report)
+
+
+def record_speculation(config: pytest.Config, meta: dict[str, Any]) -> None:
+    """Add one speculative run's counts (oracle/spec_decode.py) to the end-of-run section and the JSON report."""
+    config.stash[SPECULATION].append(meta)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -117,6 +129,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:
         workeroutput["conformance_reports"] = [r.to_dict() for r in session.config.stash.get(REPORTS, [])]
         workeroutput["conformance_capabilities"] = dict(session.config.stash.get(CAPABILITIES, {}))
+        workeroutput["conformance_speculation"] = list(session.config.stash.get(SPECULATION, []))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, called on the controller as each worker finishes
@@ -127,6 +140,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     for d in output.get("conformance_reports", []):
         node.config.stash[REPORTS].append(ConformanceReport.from_dict(d))
     node.config.stash.setdefault(CAPABILITIES, {}).update(output.get("conformance_capabilities", {}))
+    node.config.stash.setdefault(SPECULATION, []).extend(output.get("conformance_speculation", []))
 
 
 def skip_reason(rep: Any) -> str:
@@ -186,10 +200,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line(f"{reason} ({n} cases)")
         if len(skipped) > MAX_KERNEL_SKIP_LINES:
             terminalreporter.write_line(f"... and {len(skipped) - MAX_KERNEL_SKIP_LINES} more (-rs lists them)")
-    reports = config.stash.get(REPORTS, [])
+    reports, speculation = config.stash.get(REPORTS, []), config.stash.get(SPECULATION, [])
     tallies = capability_tallies(terminalreporter, config, reports)
-    if reports:
-        _report_summary(terminalreporter, config, reports, tallies)
+    if reports or speculation:
+        _report_summary(terminalreporter, config, reports, tallies, speculation)
+    if speculation:
+        from .spec_decode import summary_lines
+
+        terminalreporter.section("speculative decoding")
+        for line in summary_lines(speculation):
+            terminalreporter.write_line(line)
     if tallies:
         from .capabilities import verdict_lines
 
@@ -198,13 +218,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line(line)
 
 
-def _report_summary(terminalreporter: Any, config: pytest.Config, reports: list, tallies: dict[str, Any]) -> None:
+def _report_summary(terminalreporter: Any, config: pytest.Config, reports: list, tallies: dict[str, Any],
+                    speculation: list) -> None:
     from .report import ConformanceReport, terminal_summary_lines
 
     merged = ConformanceReport(meta={
         "engine": config.getoption("--engine"), "reference": config.getoption("--reference"),
         "tp": config.getoption("--tp"), "cases": [r.meta for r in reports],
         "capabilities": {name: t.as_dict() for name, t in tallies.items()},
+        "speculative_decoding": speculation,
     })
     for r in reports:
         merged.extend(r)

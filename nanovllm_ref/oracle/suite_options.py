@@ -1,8 +1,8 @@
 """Checks of the conformance suite's options and of the environment, run once when pytest starts.
 
-A bad ``--engine``, ``--model``, ``--dtype``, ``--tp``, ``--kernels`` or ``--engine-arg`` is one
-:class:`pytest.UsageError` naming the option and what it accepts, before any test is collected (``--reference``
-has argparse choices). Engines are not built here: a ``pkg.module:factory`` is imported and looked up, the
+A bad ``--engine``, ``--model``, ``--dtype``, ``--tp``, ``--kernels``, ``--engine-arg`` or ``--speculative-config``
+is one :class:`pytest.UsageError` naming the option and what it accepts, before any test is collected
+(``--reference`` has argparse choices). Engines are not built here: a ``pkg.module:factory`` is imported and looked up, the
 built-in names are only matched; a server (``PREFIX:URL``) must accept a connection within seconds, else the run
 stops with one line naming the URL (:func:`check_server_reachable`). ``pytest --pyargs conformance`` must import
 the installed suite: a ``conformance/`` or ``golden/`` package of the working folder that shadows it is refused
@@ -35,6 +35,7 @@ def validate_options(config: pytest.Config) -> None:
     """Every suite option that can be wrong, in the order a user reads them; the first bad one raises."""
     factory = _check_engine(config.getoption("--engine"))
     _check_engine_args(config.getoption("--engine-arg") or [], config.getoption("--engine"), factory)
+    _check_speculative_config(config.getoption("--speculative-config"), config.getoption("--engine"), factory)
     _check_models(config.getoption("--model"))
     _check_dtypes(config.getoption("--dtype"), config.getoption("--reference"))
     if config.getoption("--tp") < 1:
@@ -150,6 +151,25 @@ def _check_engine_args(items: list[str], engine: str, factory: Callable | None) 
     if unknown:
         raise pytest.UsageError(f"--engine-arg {unknown[0]}=...: engine {engine!r} takes no setting {unknown[0]!r}; "
                                 f"valid keys: {', '.join(sorted(accepted))}")
+
+
+def _check_speculative_config(raw: str | None, engine: str, factory: Callable | None) -> None:
+    """``--speculative-config JSON``: a JSON object, for an engine whose factory takes ``speculative_config``."""
+    from .spec_decode import option_config
+
+    try:
+        option_config(raw)
+    except ValueError as e:  # (json's JSONDecodeError is one)
+        raise pytest.UsageError(f"--speculative-config {raw!r}: {e}") from None
+    if raw is None:
+        return
+    try:
+        accepted = engine_arg_keys(engine, factory)
+    except ImportError:  # an optional engine that is not installed: its adapter says so later
+        return
+    if accepted is not None and "speculative_config" not in accepted:
+        raise pytest.UsageError(f"--speculative-config: engine {engine!r} takes no speculative_config (its factory's "
+                                "settings: " + ", ".join(sorted(accepted)) + ")")
 
 
 def _check_models(raw: Any) -> None:

@@ -85,6 +85,11 @@ ABORT_CONF = "conformance/test_abort.py"  # an n > 1 request aborted mid-generat
 SEEDS_CONF = "conformance/test_seeds.py"  # seed 0, fresh instances, the engine-level seed
 REJECTION = "nanovllm_ref/kernels/rejection.py"  # the speculative-decoding rejection sampler and its kernel
 REJECTION_TESTS = "tests/kernels/test_kernel_rejection.py"
+SCHED_PY, VERIFY_PY, INPUTS_PY = ("nanovllm_ref/engine/scheduler.py", "nanovllm_ref/engine/verify.py",
+                                  "nanovllm_ref/engine/inputs.py")
+SPEC_CONF = ("conformance/test_spec_decode.py",)  # speculative decoding: goldens, seeds, stops, prefix cache
+SPEC_SAMPLING = ("conformance/test_spec_decode_sampling.py",)  # its sampled distribution (G-tests)
+SPEC_TESTS = "tests/engine/test_speculative.py"
 
 
 M = Mutant
@@ -190,8 +195,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "for i in range((seq.num_tokens - 1) // bs):", "for i in range(seq.num_tokens // bs):",
       "a fully cached prompt leaves no token to compute", (BLOCKS,)),
     M("budget-running-uncapped", "nanovllm_ref/engine/scheduler.py",
-      "num_new = min(num_tokens - seq.num_computed_tokens, budget)",
-      "num_new = num_tokens - seq.num_computed_tokens",
+      "num_new = min(num_tokens - seq.num_computed_tokens + self._lookahead(seq, num_tokens), budget)",
+      "num_new = num_tokens - seq.num_computed_tokens + self._lookahead(seq, num_tokens)",
       "scheduler: a running prefill's next chunk is not capped by the token budget", (SCHED,)),
     M("admit-on-empty-budget", "nanovllm_ref/engine/scheduler.py",
       "while self.waiting and budget > 0 and", "while self.waiting and budget >= 0 and",
@@ -399,8 +404,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "the penalty counts kept across steps are keyed by request: the n samples of one share (and mix) them",
       (STEPS_CONF,), (STEPS_CONF,)),
     M("sampling-processed-rows-not-remapped", "nanovllm_ref/engine/inputs.py",
-      "step.processed.append(ProcessedRow(len(sampling_rows),",
-      "step.processed.append(ProcessedRow(len(step.processed),",
+      "step.processed.append(ProcessedRow(len(sampling_rows), seq.params, seq.token_ids,",
+      "step.processed.append(ProcessedRow(len(step.processed), seq.params, seq.token_ids,",
       "a penalized row is numbered among the processed rows, not the step's sampling rows (another row's logits)",
       (STEPS_CONF,), (STEPS_CONF,)),
     M("sampling-presence-as-frequency", "nanovllm_ref/layers/logits_processing.py",
@@ -660,6 +665,49 @@ MUTANTS: tuple[Mutant, ...] = (
       "acc = acc * tl.load(kv_scale_ptr + num_kv_heads + kvh)", "acc = acc * tl.load(kv_scale_ptr + kvh)",
       "FP8 KV Triton prefill: the output scaled by the K scale instead of the V scale", (FP8_KERNELS,),
       FP8_KERNEL_CHECK),
+    # speculative decoding (engine/scheduler.py, verify.py, inputs.py, detokenizer.py)
+    M("spec-kv-rollback-missing", SCHED_PY,
+      "num_new -= len(seq.draft_tokens) - self._take_accepted(seq, sampled, accepted.get(seq.seq_id, []))",
+      "self._take_accepted(seq, sampled, accepted.get(seq.seq_id, []))",
+      "speculative decoding: every draft counted as computed, the rejected ones too (no KV rollback)", (SPEC_TESTS,),
+      SPEC_CONF),
+    M("spec-accepted-off-by-one", VERIFY_PY, "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[:a]",
+      "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[: a + 1]",
+      "speculative decoding: the first rejected draft is accepted too", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-rejected-logprobs-kept", VERIFY_PY, "out.logprobs[seq_id] = out.logprobs[seq_id][: a + 1]",
+      "out.logprobs[seq_id] = out.logprobs[seq_id]",
+      "speculative decoding: the logprobs of the rows after a rejection are kept (one entry per row, not per token)",
+      (SPEC_TESTS,), SPEC_CONF),
+    M("spec-verify-rows-one-position", INPUTS_PY, "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))",
+      "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n))",
+      "speculative decoding: every verify row of a sequence draws with its first row's counter (the same noise across "
+      "a rejection and the bonus)", (SPEC_TESTS,), SPEC_SAMPLING),
+    M("spec-blocks-hashed-with-drafts", SCHED_PY,
+      "            if seq.draft_tokens:\n                num_new -= len(",
+      "            if seq.draft_tokens:\n                known, seq.token_ids = seq.token_ids, seq.token_ids + "
+      "seq.draft_tokens\n                seq.num_computed_tokens += num_new\n                "
+      "self.block_manager.cache_full_blocks(seq)\n                seq.token_ids, seq.num_computed_tokens = known, "
+      "seq.num_computed_tokens - num_new\n                num_new -= len(",
+      "speculative decoding: blocks hashed before the rollback, with every draft in them (a rejected draft's hash on "
+      "a block whose KV the next step overwrites)", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-stop-token-in-accepted-run-ignored", SCHED_PY,
+      "if token in seq.stop_ids or len(seq.token_ids) + 1 >= seq.max_num_tokens:",
+      "if len(seq.token_ids) + 1 >= seq.max_num_tokens:",
+      "speculative decoding: a stop token among the accepted drafts does not end the output", (SPEC_TESTS,),
+      SPEC_CONF),
+    M("spec-stop-string-after-the-step", DETOK, "if len(tokens) == 1 or not detok.stop:", "if True:",
+      "speculative decoding: a step's tokens detokenized at once, so tokens after the one completing a stop string "
+      "stay in the output", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-bonus-row-dropped", INPUTS_PY, "for i in range(len(drafts) + 1):", "for i in range(len(drafts)):",
+      "speculative decoding: no bonus row (a sequence's rows are its drafts'; the verification reads the next one's)",
+      (SPEC_TESTS,), SPEC_CONF),
+    M("spec-bonus-token-dropped", VERIFY_PY, "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[:a]",
+      "out.sampled[seq_id], out.accepted[seq_id] = (rows[a], drafts[:a]) if a < len(drafts) else (drafts[-1], "
+      "drafts[:-1])", "speculative decoding: a step whose drafts are all accepted emits no bonus token (the same "
+      "tokens, one step later; its last draft counted as not accepted)", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-penalty-rows-ignore-drafts", INPUTS_PY, "tokens = seq.token_ids + drafts[:i] if i else seq.token_ids",
+      "tokens = seq.token_ids", "speculative decoding: a verify row's penalties ignore the drafts before it",
+      (SPEC_TESTS,), SPEC_SAMPLING),
     M("prefix-cache-copy-lost-on-eviction", "nanovllm_ref/engine/block_manager.py",
       "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
       "evicting the cached one of two blocks with the same content loses it, though the other still holds it",

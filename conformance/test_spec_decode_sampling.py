@@ -82,7 +82,7 @@ def prompt_of(kind: str, references, spec, ref: ReferenceSampler) -> list[int]:
     return by_id["shared48_c"] if kind == "text" else repeat_prompt(ref, by_id["block_31"])
 
 
-def g_tests(ref: ReferenceSampler, prompt: list[int], params: dict, completions: list) -> list[tuple[int, tuple, object]]:
+def g_tests(ref: ReferenceSampler, prompt: list[int], params: dict, completions: list) -> list[tuple]:
     """(step, history, GTest) of every history drawn at least MIN_GROUP times."""
     out = []
     for step, by_history in history_groups(completions, MAX_TOKENS, []).items():

@@ -678,7 +678,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "out.logprobs[seq_id] = out.logprobs[seq_id]",
       "speculative decoding: the logprobs of the rows after a rejection are kept (one entry per row, not per token)",
       (SPEC_TESTS,), SPEC_CONF),
-    M("spec-verify-rows-one-position", INPUTS_PY, "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))",
+    M("spec-verify-rows-one-position", INPUTS_PY,
+      "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))",
       "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n))",
       "speculative decoding: every verify row of a sequence draws with its first row's counter (the same noise across "
       "a rejection and the bonus)", (SPEC_TESTS,), SPEC_SAMPLING),

@@ -92,6 +92,11 @@ STRUCT_SPM = ("conformance/test_structured.py", "--model", "mistral-spm-hd32")
 STRUCT_MANAGER, BITMASK_TESTS = "tests/structured/test_manager.py", "tests/kernels/test_token_bitmask.py"
 STRUCT_VOCAB, RUNNER = "tests/structured/test_vocab.py", "nanovllm_ref/engine/model_runner.py"
 MANAGER = "nanovllm_ref/structured/manager.py"
+SCHED_PY, VERIFY_PY, INPUTS_PY = ("nanovllm_ref/engine/scheduler.py", "nanovllm_ref/engine/verify.py",
+                                  "nanovllm_ref/engine/inputs.py")
+SPEC_CONF = ("conformance/test_spec_decode.py",)  # speculative decoding: goldens, seeds, stops, prefix cache
+SPEC_SAMPLING = ("conformance/test_spec_decode_sampling.py",)  # its sampled distribution (G-tests)
+SPEC_TESTS = "tests/engine/test_speculative.py"
 
 
 # the sampling rows' block of ModelRunner._sample_on_device, and the same reporting logprobs of the unmasked logits
@@ -743,6 +748,56 @@ MUTANTS: tuple[Mutant, ...] = (
       '            encoded[i] = chr(int(token[3:5], 16)) if len(token) == 6 and token.startswith("<0x") else token\n',
       "structured outputs: a byte-fallback token <0xNN> given xgrammar as the character U+00NN (right for ASCII, "
       "two bytes for NN >= 0x80)", (STRUCT_VOCAB,), STRUCT_SPM),
+    # speculative decoding (engine/scheduler.py, verify.py, inputs.py, detokenizer.py)
+    M("spec-kv-rollback-missing", SCHED_PY,
+      "num_new -= len(seq.draft_tokens) - self._take_accepted(seq, sampled, accepted.get(seq.seq_id, []))",
+      "self._take_accepted(seq, sampled, accepted.get(seq.seq_id, []))",
+      "speculative decoding: every draft counted as computed, the rejected ones too (no KV rollback)", (SPEC_TESTS,),
+      SPEC_CONF),
+    M("spec-accepted-off-by-one", VERIFY_PY, "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[:a]",
+      "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[: a + 1]",
+      "speculative decoding: the first rejected draft is accepted too", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-rejected-logprobs-kept", VERIFY_PY, "out.logprobs[seq_id] = out.logprobs[seq_id][: a + 1]",
+      "out.logprobs[seq_id] = out.logprobs[seq_id]",
+      "speculative decoding: the logprobs of the rows after a rejection are kept (one entry per row, not per token)",
+      (SPEC_TESTS,), SPEC_CONF),
+    M("spec-verify-rows-one-position", INPUTS_PY,
+      "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n + i))",
+      "sampling_rows.append(seq.sampling_row + (len(step.logits_indices), n))",
+      "speculative decoding: every verify row of a sequence draws with its first row's counter (the same noise across "
+      "a rejection and the bonus)", (SPEC_TESTS,), SPEC_SAMPLING),
+    M("spec-blocks-hashed-with-drafts", SCHED_PY,
+      "            if seq.draft_tokens:\n                num_new -= len(",
+      "            if seq.draft_tokens:\n                known, seq.token_ids = seq.token_ids, seq.token_ids + "
+      "seq.draft_tokens\n                seq.num_computed_tokens += num_new\n                "
+      "self.block_manager.cache_full_blocks(seq)\n                seq.token_ids, seq.num_computed_tokens = known, "
+      "seq.num_computed_tokens - num_new\n                num_new -= len(",
+      "speculative decoding: blocks hashed before the rollback, with every draft in them (a rejected draft's hash on "
+      "a block whose KV the next step overwrites)", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-stop-token-in-accepted-run-ignored", SCHED_PY,
+      "if token in seq.stop_ids or len(seq.token_ids) + 1 >= seq.max_num_tokens:",
+      "if len(seq.token_ids) + 1 >= seq.max_num_tokens:",
+      "speculative decoding: a stop token among the accepted drafts does not end the output", (SPEC_TESTS,),
+      SPEC_CONF),
+    M("spec-stop-string-after-the-step", DETOK, "if len(tokens) == 1 or not detok.stop:", "if True:",
+      "speculative decoding: a step's tokens detokenized at once, so tokens after the one completing a stop string "
+      "stay in the output", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-bonus-row-dropped", INPUTS_PY, "for i, token in enumerate([seq.token_ids[-1], *drafts]):",
+      "for i, token in enumerate([seq.token_ids[-1], *drafts[:-1]]):",
+      "speculative decoding: no bonus row (a sequence's rows are its drafts'; the verification reads the next one's)",
+      (SPEC_TESTS,), SPEC_CONF),
+    M("spec-bonus-token-dropped", VERIFY_PY, "out.sampled[seq_id], out.accepted[seq_id] = rows[a], drafts[:a]",
+      "out.sampled[seq_id], out.accepted[seq_id] = (rows[a], drafts[:a]) if a < len(drafts) else (drafts[-1], "
+      "drafts[:-1])", "speculative decoding: a step whose drafts are all accepted emits no bonus token (the same "
+      "tokens, one step later; its last draft counted as not accepted)", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-verify-keys-carried", "nanovllm_ref/attention/sdpa_backend.py",
+      "if (prev.last is None or not prev.carried or prev.width > plan.width",
+      "if (prev.last is None or prev.width > plan.width",
+      "speculative decoding, sdpa: a decode step extends a verify step's gathered keys (its rejected rows' keys are "
+      "stale)", (SPEC_TESTS,), SPEC_CONF),
+    M("spec-penalty-rows-ignore-drafts", INPUTS_PY, "tokens = seq.token_ids + drafts[:i] if i else seq.token_ids",
+      "tokens = seq.token_ids", "speculative decoding: a verify row's penalties ignore the drafts before it",
+      (SPEC_TESTS,), SPEC_SAMPLING),
     M("prefix-cache-copy-lost-on-eviction", "nanovllm_ref/engine/block_manager.py",
       "self.cached[block.hash] = copies.pop(0)", "copies.pop(0)",
       "evicting the cached one of two blocks with the same content loses it, though the other still holds it",

@@ -4,8 +4,8 @@ It holds what must exist before pytest collects anything, whichever directory it
 conformance options (``--engine``, ``--engine-arg``, ``--model``, ``--reference``, ``--dtype``, ``--tp``,
 ``--report``, ``--tol``, ``--prompt-tol``, ``--torch-threads``, ``--speculative-config``), the ``gpu`` / ``slow``
 markers, the store of recorded reports and the end-of-run summary with the JSON report (report.py: no optional
-package needed), ending in the per-capability verdict (capabilities.py: what the engine was checked on, and what it
-was not, and why). Bad option values and unsupported torch / transformers / triton versions are usage errors at start
+package needed), ending in the per-capability verdict (capabilities.py: what the engine was checked on, and what
+it was not, and why). Bad option values and unsupported torch / transformers / triton versions are usage errors at start
 (suite_options.py). The suite's fixtures stay in ``conformance/conftest.py``.
 
 So in another project, after ``pip install nanovllm_ref``::

@@ -3,8 +3,8 @@
 A bad ``--engine``, ``--model``, ``--dtype``, ``--tp``, ``--kernels``, ``--engine-arg`` or ``--speculative-config``
 is one :class:`pytest.UsageError` naming the option and what it accepts, before any test is collected
 (``--reference`` has argparse choices). Engines are not built here: a ``pkg.module:factory`` is imported and looked
-up, the built-in names are only matched; a server (``PREFIX:URL``) must accept a connection within seconds, else the run
-stops with one line naming the URL (:func:`check_server_reachable`). ``pytest --pyargs conformance`` must import
+up, the built-in names are only matched; a server (``PREFIX:URL``) must accept a connection within seconds, else the
+run stops with one line naming the URL (:func:`check_server_reachable`). ``pytest --pyargs conformance`` must import
 the installed suite: a ``conformance/`` or ``golden/`` package of the working folder that shadows it is refused
 (:func:`check_suite_not_shadowed`). The installed torch, transformers and triton are checked against the ranges the
 package declares (pyproject.toml), so an unsupported version is refused with the range instead of failing tests.

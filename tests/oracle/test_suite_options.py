@@ -15,7 +15,8 @@ from nanovllm_ref.oracle.suite_options import check_versions, validate_options
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"--engine": "nanovllm_ref", "--engine-arg": [], "--model": [], "--dtype": "float32,bfloat16",
-            "--reference": "golden", "--tp": 1, "--kernels": None, "--invariance-trials": 3}
+            "--reference": "golden", "--tp": 1, "--kernels": None, "--invariance-trials": 3,
+            "--speculative-config": None}
 
 
 class FakeConfig:
@@ -39,6 +40,7 @@ def test_defaults_and_good_values_pass() -> None:
     validate_options(FakeConfig(engine="hf", engine_arg=["attn_implementation=sdpa"], reference="live",
                                 dtype="float16", kernels="nanovllm_ref.testing.kernels:nanovllm_ref_candidates"))
     validate_options(FakeConfig(engine="tests.support.perturbing_adapter:token_factory"))  # a pkg.module:factory
+    validate_options(FakeConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 2}'))
 
 
 @pytest.mark.parametrize("options, expected", [
@@ -61,6 +63,9 @@ def test_defaults_and_good_values_pass() -> None:
     (dict(engine_arg=["max_modle_len=512"]), "engine 'nanovllm_ref' takes no setting 'max_modle_len'; valid keys:"),
     (dict(engine="hf", engine_arg=["enforce_eager=true"]), "valid keys: attn_implementation, device"),
     (dict(engine="openai:http://h/v1", engine_arg=["n_cap=4"]), "max_n_per_request"),
+    (dict(speculative_config="{method: ngram}"), "--speculative-config '{method: ngram}': Expecting property name"),
+    (dict(speculative_config="[3]"), "expected a JSON object of the engine's speculative_config fields"),
+    (dict(engine="hf", speculative_config='{"method": "ngram"}'), "engine 'hf' takes no speculative_config"),
 ])
 def test_bad_values_are_one_usage_error_naming_the_option(options: dict, expected: str) -> None:
     assert expected in usage_error(**options)

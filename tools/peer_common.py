@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,11 +46,12 @@ def pytest_conformance(engine: str, models: list[str], dtypes: list[str], report
 
 class Server:
     """A server command on 127.0.0.1 in its own process group (so that stopping it stops its workers), up once
-    ``health_url`` answers 200."""
+    ``health_url`` answers 200; ``url`` is that URL's origin (``http://127.0.0.1:PORT``)."""
 
     def __init__(self, cmd: list[str], health_url: str, log: Path, startup_s: float, name: str,
                  env: dict[str, str] | None = None) -> None:
         self.log, self.name = log.open("w"), name
+        self.url = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(health_url))
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + startup_s

@@ -171,6 +171,28 @@ def to_lark(structured: dict[str, Any], leading_space: bool = False) -> str:
     return header + any_to_lark(value)
 
 
+GENERAL_ESCAPES_PROBE = ('%llguidance {}\nstart: %json {"type": "string", "x-guidance": '
+                         '{"json_allow_general_unicode_escapes": true}}')
+
+
+def require_general_escapes(tokenizer: Any) -> None:
+    """Refuse an llguidance without ``json_allow_general_unicode_escapes`` (1.9.1 has it, 1.7.6 not; vLLM 0.32
+    pins llguidance<1.8): its JSON strings refuse every ``\\uXXXX`` escape of a printable character, which xgrammar
+    (vLLM's language) and RFC 8259 allow, so its masks would not be vLLM's in any free JSON string."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(GENERAL_ESCAPES_PROBE, tokenizer)
+    if error:
+        version = getattr(llguidance, "__version__", "?")
+        raise RuntimeError(
+            "the structured-outputs reference needs an llguidance with json_allow_general_unicode_escapes (1.9.1 "
+            f"has it); this one is {version} ({llguidance.__file__}), which refuses the option: "
+            f"{error.splitlines()[0]}. Where the engine "
+            "pins an older one (vLLM 0.32: llguidance<1.8), put a newer one first on the test process's path only, "
+            "e.g. pip install --target DIR --no-deps 'llguidance>=1.9' and PYTHONPATH=DIR (vLLM loads llguidance "
+            "only for its guidance backend)")
+
+
 def _bits(words: np.ndarray, vocab_size: int) -> torch.Tensor:
     bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")[:vocab_size]
     return torch.from_numpy(bits.astype(bool))
@@ -230,6 +252,7 @@ class GrammarReference:
         self.grammars: dict[str, Any] = {}
         self.matchers = _Matchers(self._fresh)
         self._init_del()
+        require_general_escapes(self.tokenizer)
 
     def _init_del(self) -> None:
         """The DEL tokens, and the "~" token whose being allowed raw marks a free JSON string (``raw_del``)."""

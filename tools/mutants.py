@@ -794,7 +794,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "if (prev.last is None or not prev.carried or prev.width > plan.width",
       "if (prev.last is None or prev.width > plan.width",
       "speculative decoding, sdpa: a decode step extends a verify step's gathered keys (its rejected rows' keys are "
-      "stale)", (SPEC_TESTS,), SPEC_CONF),
+      "stale)", ("tests/attention/test_sdpa_backend.py::test_sdpa_decode_step_after_a_verify_step_gathers_afresh",),
+      SPEC_CONF),
     M("spec-penalty-rows-ignore-drafts", INPUTS_PY, "tokens = seq.token_ids + drafts[:i] if i else seq.token_ids",
       "tokens = seq.token_ids", "speculative decoding: a verify row's penalties ignore the drafts before it",
       (SPEC_TESTS,), SPEC_SAMPLING),

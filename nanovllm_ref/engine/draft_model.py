@@ -71,9 +71,12 @@ class DraftModelProposer:
         drafts = torch.zeros(len(seqs), k, dtype=torch.int64, device=logits.device)
         for i in range(k):
             probs[:, i], drafts[:, i] = self._draw(logits, batch, i)
-            if i + 1 < k:  # the next distributions: each draft at its position (rows past a sequence's room: unread)
-                logits = self._logits([([int(t)], seq.num_tokens + i, seq.block_table)
-                                       for (seq, _), t in zip(seqs, drafts[:, i].tolist())])
+            # the next distributions, of the sequences with room for another draft: draft i's KV goes at position
+            # num_tokens + i, inside the blocks the scheduler granted only while i + 1 < room (rows past: unread)
+            rows = [b for b, (_, room) in enumerate(seqs) if room > i + 1]
+            if rows:
+                logits[rows] = self._logits([([int(drafts[b, i])], seqs[b][0].num_tokens + i, seqs[b][0].block_table)
+                                             for b in rows])
         for (seq, room), row in zip(seqs, drafts.tolist()):
             seq.draft_tokens = row[:room]
             seq.draft_state = (seq.num_tokens, seq.num_preemptions)  # its tokens' draft KV is written (not the drafts')

@@ -98,12 +98,22 @@ def same_tokenizer(a: str, b: str) -> bool:
 
 
 def nanovllm_ref_configs(model_path: str) -> dict[str, dict[str, Any]]:
-    """nanovllm_ref's: prompt lookup with 1, 3 and 5 drafts, the target as its own draft model (k = 3: every draft
-    must be accepted), and for another checkpoint sharing qwen3-tiny's tokenizer, qwen3-tiny as a smaller draft."""
+    """nanovllm_ref's: prompt lookup with 1, 3 and 5 drafts; the target as its own draft model (k = 3: every draft
+    must be accepted); its first half of layers as a draft with k = 1 and 5 (a layer-skip draft: some drafts
+    rejected, some accepted, so steps after a rejection are checked too); and for another checkpoint sharing
+    qwen3-tiny's tokenizer, qwen3-tiny as a smaller draft."""
     from golden.load import checkpoint_path
+
+    from .derived import first_layers_checkpoint
 
     configs = ngram_configs((1, 3, 5))
     configs["draft-self-k3"] = {"speculative_config": {"model": model_path, "num_speculative_tokens": 3}}
+    with open(os.path.join(model_path, "config.json")) as f:
+        depth = int(json.load(f).get("num_hidden_layers", 1))
+    if depth >= 2:
+        half = first_layers_checkpoint(model_path, depth // 2)
+        for k in (1, 5):
+            configs[f"draft-layers-k{k}"] = {"speculative_config": {"model": half, "num_speculative_tokens": k}}
     tiny = checkpoint_path("qwen3-tiny")
     if os.path.realpath(tiny) != os.path.realpath(model_path) and same_tokenizer(tiny, model_path):
         configs["draft-qwen3-tiny-k3"] = {"speculative_config": {"model": tiny, "num_speculative_tokens": 3}}

@@ -160,3 +160,26 @@ def test_sdpa_decode_continuation_survives_metadata_reused_in_place():
         out = backend.forward(q, k_cache, v_cache, meta)
         ref = prefill_attention_reference(q, k_cache, v_cache, meta.query_start_loc, lens, tables, backend.scale)
         assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step
+
+
+def test_sdpa_decode_step_after_a_verify_step_gathers_afresh():
+    """A speculative verify step's rows are one sequence side by side, and the step after rewrites the keys of its
+    rejected rows: a decode step must not extend them even where its rows look like the verify rows one token on
+    (the same tables, every length + 1: here the second row reads the same blocks, as a prefix-cache hit could).
+    The rejected draft's key at slot 9 is rewritten by the decode step; the output must be the reference's."""
+    gen = torch.Generator().manual_seed(2)
+    bs, kvh, group, d = 4, 2, 2, 8
+    k_cache, v_cache = torch.randn(8, bs, kvh, d, generator=gen), torch.randn(8, bs, kvh, d, generator=gen)
+    tables = torch.tensor([[0, 1, 2], [0, 1, 2]], dtype=torch.int32)
+    backend = SdpaBackend(kvh * group, kvh, d, d**-0.5)
+    for step, lens in enumerate([torch.tensor([9, 10], dtype=torch.int32), torch.tensor([10, 11], dtype=torch.int32)]):
+        slots = (lens - 1).long()  # blocks 0-2 in order: position p at slot p
+        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(3, dtype=torch.int32),
+                                 seq_lens=lens, block_tables=tables, max_query_len=1, max_seq_len=int(lens.max()),
+                                 verifies_drafts=step == 0)
+        q = torch.randn(2, kvh * group, d, generator=gen)
+        backend.store_kv(torch.randn(2, kvh, d, generator=gen), torch.randn(2, kvh, d, generator=gen),
+                         k_cache, v_cache, meta)
+        out = backend.forward(q, k_cache, v_cache, meta)
+        ref = prefill_attention_reference(q, k_cache, v_cache, meta.query_start_loc, lens, tables, backend.scale)
+        assert relative_error(out, ref) < RELATIVE_TOLERANCE[torch.float32], step

@@ -90,6 +90,31 @@ def test_draft_model_greedy_emits_the_targets_tokens(plain) -> None:
         assert stats.num_draft_tokens > 0 and stats.acceptance_rate >= floor
 
 
+def test_layer_skip_draft_with_more_drafts_than_room(tmp_path) -> None:
+    """A draft of the target's first layer, k = 5: drafts are rejected at different positions, so near max_tokens
+    the sequences of one step have less room than k drafts. Every sequence ends exactly at its second block's
+    end (16-token blocks), where a draft written past its room would leave its blocks: the draft KV stays inside
+    them and the greedy tokens and logprobs are the target's."""
+    from nanovllm_ref.oracle.derived import first_layers_checkpoint
+
+    prompts = [[(7 * i + j) % 300 + 5 for j in range(n)] for i, n in enumerate(range(3, 14))]
+    params = [SamplingParams(temperature=0, max_tokens=32 - len(p), ignore_eos=True, logprobs=1) for p in prompts]
+
+    def run(**settings) -> tuple[list, object]:
+        with LLM(MODEL, dtype="float32", device="cpu", kvcache_block_size=16, **settings) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            stats = llm.stats().spec_decoding
+        return [(o.outputs[0].token_ids, [d[t] for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+                for o in outs], stats
+
+    want, _ = run()
+    spec = {"model": first_layers_checkpoint(MODEL, 1, tmp_path), "num_speculative_tokens": 5}
+    got, stats = run(speculative_config=spec)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert max(abs(a - b) for (_, x), (_, y) in zip(got, want) for a, b in zip(x, y)) < 1e-4
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # some drafts rejected, some accepted
+
+
 def test_ngram_lookup_takes_the_latest_longest_match() -> None:
     assert ngram_lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, 1, 3) == [7, 1]
     assert ngram_lookup([4, 5, 1, 2, 6, 2], 3, 1, 3) == [6, 2]  # "2" (n=1) after the longer ones failed

@@ -4,6 +4,8 @@ run with it equals one without."""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -28,8 +30,13 @@ WORDS = Model("qwen3-words-hd32", checkpoint_path("qwen3-words-hd32"))
 
 
 def test_configs_per_checkpoint() -> None:
-    assert [c.name for c in configs_for(NanovllmRefAdapter, TINY, None)] == ["ngram-k1", "ngram-k3", "ngram-k5",
-                                                                           "draft-self-k3"]
+    tiny = configs_for(NanovllmRefAdapter, TINY, None)
+    assert [c.name for c in tiny] == ["ngram-k1", "ngram-k3", "ngram-k5", "draft-self-k3", "draft-layers-k1",
+                                      "draft-layers-k5"]
+    layers = tiny[-1].speculative["model"]  # the target's first half of layers, a draft that is not the target
+    with open(os.path.join(layers, "config.json")) as f, open(os.path.join(TINY.path, "config.json")) as g:
+        assert 2 * json.load(f)["num_hidden_layers"] == json.load(g)["num_hidden_layers"]
+    assert not tiny[-1].draft_is_target and tiny[-1].k == 5
     gqa4 = {c.name: c for c in configs_for(NanovllmRefAdapter, GQA4, None)}
     assert gqa4["draft-qwen3-tiny-k3"].speculative["model"] == TINY.path  # the same tokenizer as qwen3-tiny
     assert "draft-qwen3-tiny-k3" not in {c.name for c in configs_for(NanovllmRefAdapter, WORDS, None)}
@@ -39,6 +46,25 @@ def test_configs_per_checkpoint() -> None:
     assert vllm[0].settings["disable_log_stats"] is False  # vLLM's get_metrics needs stat logging
     (none,) = configs_for(lambda path, dtype: None, TINY, None)  # a factory that advertises nothing
     assert none.name is None and none.id == "qwen3-tiny-no-config"
+
+
+def test_first_layers_checkpoint(tmp_path) -> None:
+    """The layer-skip draft keeps the embeddings, the final norm, the head and the first layers' weights only, is
+    made once per source and depth, and refuses a depth it cannot cut to."""
+    from safetensors import safe_open
+
+    from nanovllm_ref.oracle.derived import first_layers_checkpoint
+
+    path = first_layers_checkpoint(GQA4.path, 1, tmp_path)
+    assert first_layers_checkpoint(GQA4.path, 1, tmp_path) == path
+    with safe_open(os.path.join(path, "model.safetensors"), framework="pt") as st:
+        keys = set(st.keys())
+    with safe_open(os.path.join(GQA4.path, "model.safetensors"), framework="pt") as st:
+        want = {k for k in st.keys() if ".layers." not in k or ".layers.0." in k}
+    assert keys == want and any(".layers.0." in k for k in keys)
+    for bad in (0, 3, 9):  # qwen3-gqa4 has 3 layers
+        with pytest.raises(ValueError, match="num_layers"):
+            first_layers_checkpoint(GQA4.path, bad, tmp_path)
 
 
 def test_option_config() -> None:

@@ -264,16 +264,22 @@ def test_n_samples_under_a_grammar(structured_engine, checkpoint) -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_structured_under_speculative_decoding(structured_model, engines, checkpoint) -> None:
-    """The validity and greedy checks under each speculative setting the adapter advertises."""
-    adapter = engines.get(structured_model, DTYPE)
-    configs = getattr(adapter, "speculative_configs", None)
-    if not callable(configs):
-        pytest.skip(f"engine {adapter.name} has no speculative_configs() (name -> engine kwargs): structured outputs "
-                    "under speculative decoding not checked")
+def test_structured_under_speculative_decoding(structured_model, engines, checkpoint, pytestconfig) -> None:
+    """The validity and greedy checks under each speculative config the adapter advertises
+    (``speculative_configs(model_path)``) and --speculative-config's, as test_spec_decode.py takes them."""
+    from nanovllm_ref.oracle.spec_decode import ENABLED_BY, configs_for
+
+    from .harness import adapter_factory
+
+    engine = pytestconfig.getoption("--engine")
+    configs = [c for c in configs_for(adapter_factory(engine), structured_model,
+                                      pytestconfig.getoption("--speculative-config")) if c.name is not None]
+    if not configs:
+        pytest.skip(f"engine {engine} advertises no speculative config: structured outputs under speculative "
+                    f"decoding not checked (needs {ENABLED_BY})")
     bad = []
-    for name, kwargs in configs().items():
-        spec_adapter = engines.get(structured_model, DTYPE, **kwargs)
+    for config in configs:
+        name, spec_adapter = config.name, engines.get(structured_model, DTYPE, **config.settings)
         for spec_name, spec in checkpoint.specs.items():
             greedy_c, samples = spec_run(spec_adapter, checkpoint, spec_name, key=("speculative", name))
             for c in [*greedy_c, *samples]:

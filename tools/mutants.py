@@ -733,6 +733,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "        for t in tracked.stop_ids:\n            words[t // 32] &= ~np.uint32(1 << (t % 32))\n",
       "structured outputs: EOS not allowed where the grammar accepts and could go on (only once nothing else is)",
       (STRUCT_MANAGER,), STRUCT_CONF),
+    M("structured-rejected-drafts-kept", MANAGER, "        matcher.rollback(len(consumed) - same)\n", "",
+      "structured outputs under speculative decoding: the grammar state not rolled back past rejected drafts (the "
+      "matcher stays where the drafts took it; the next tokens are accepted from there)",
+      (STRUCT_MANAGER, SPEC_TESTS), ("conformance/test_structured.py", "-k", "speculative")),
     M("structured-mask-of-another-row", MANAGER, "return mask, [r.row for r in rows]",
       "return mask, [r.row for r in rows[1:] + rows[:1]]",
       "structured outputs: each structured row masked with the next structured row's bitmask",

@@ -38,7 +38,7 @@ from nanovllm_ref.oracle.requests import RequestSpec, UnsupportedSetting, suppor
 from nanovllm_ref.oracle.sampling_reference import ReferenceSampler
 from nanovllm_ref.oracle.tolerances import INVARIANCE_TOL, golden_tolerance
 
-from .harness import ModelSpec, selected_models
+from .harness import ModelSpec, require_dtype, selected_models
 from .structured_specs import Spec, specs_for, why_invalid
 from .test_sampling_steps import step_problems
 
@@ -185,9 +185,10 @@ def reported(step: dict[int, float]) -> dict[int, float]:
     return {t: float("-inf") if v is None or v <= REPORTED_NEG_INF else v for t, v in step.items()}
 
 
-def distribution_problems(ckpt: Checkpoint, spec: Spec, completion) -> list[str]:
-    """Every step of a greedy completion against the masked reference fed its tokens; at each step either DEL
-    convention may hold (grammar_reference.py: raw DEL in a JSON string)."""
+def distribution_problems(ckpt: Checkpoint, spec: Spec, completion, tol: float | None = None) -> list[str]:
+    """Every step of a greedy completion against the masked reference fed its tokens, within ``tol`` (default the
+    float32 tolerance); at each step either DEL convention may hold (grammar_reference.py: raw DEL in a JSON string)."""
+    tol = ckpt.tol if tol is None else tol
     tokens = with_stop(ckpt, completion)
     logprobs = completion.logprobs
     if logprobs is not None and len(logprobs) not in (len(tokens), len(completion.token_ids)):
@@ -195,7 +196,7 @@ def distribution_problems(ckpt: Checkpoint, spec: Spec, completion) -> list[str]
     bad = []
     for j, drawn in enumerate(tokens):
         got = reported(logprobs[j]) if logprobs is not None and j < len(logprobs) else None
-        problems = [step_check(ckpt.masked_logprobs(spec.structured, tokens[:j], raw_del), drawn, got, ckpt.tol)
+        problems = [step_check(ckpt.masked_logprobs(spec.structured, tokens[:j], raw_del), drawn, got, tol)
                     for raw_del in (False, True)]
         if all(problems):
             bad += [f"step {j} (after {ckpt.grammar.table.spell(tokens[:j])[-40:]!r}): {p}" for p in problems[0]]
@@ -221,6 +222,24 @@ def test_greedy_follows_the_masked_reference(exact_spec, structured_engine, chec
     bad = distribution_problems(checkpoint, spec, completion)
     assert not bad, (f"{checkpoint.model.name} {name}, tokens {list(completion.token_ids)} (tolerance "
                      f"{checkpoint.tol:.0e}):\n  " + "\n  ".join(bad[:10]))
+
+
+def test_bfloat16_outputs(structured_model, engines, checkpoint, pytestconfig) -> None:
+    """The engine in bfloat16: every spec's outputs valid, and each exact spec's greedy steps the masked float32
+    reference's within the bfloat16 golden tolerance (its per-token bound; the masked argmax within it)."""
+    require_dtype(pytestconfig, "bfloat16")
+    adapter = engines.get(structured_model, "bfloat16")
+    if not supports_requests(adapter):
+        pytest.skip(f"engine {adapter.name} has no run_requests (oracle/requests.py): structured outputs need it")
+    tol = golden_tolerance("bfloat16", checkpoint=structured_model.name if structured_model.golden else None).tol
+    bad = []
+    for name, spec in checkpoint.specs.items():
+        greedy_c, samples = spec_run(adapter, checkpoint, name, key=("bfloat16",))
+        for kind, c in zip(("greedy", "sample 0", "sample 1"), [*greedy_c, *samples]):
+            bad += [f"  {name} {kind} {list(c.token_ids)}: {p}" for p in validity_problems(checkpoint, spec, c)]
+        if spec.exact:
+            bad += [f"  {name} greedy: {p}" for p in distribution_problems(checkpoint, spec, greedy_c[0], tol)[:3]]
+    assert not bad, f"{structured_model.name} in bfloat16 (tolerance {tol:.3f}):\n" + "\n".join(bad[:20])
 
 
 def _same(a, b) -> str | None:

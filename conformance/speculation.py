@@ -32,6 +32,10 @@ def plain_engine(engines: Any, spec: SpecConfig, **extra: Any) -> Any:
     adapter = engines.get(spec.model, DTYPE, **extra)
     if not supports_requests(adapter):
         pytest.skip(f"engine {adapter.name} has no run_requests (oracle/requests.py): this case needs it")
+    url = getattr(adapter, "base_url", None)  # a server: speculation is its launch setting, not the client's
+    if url is not None and url == getattr(engines.get(spec.model, DTYPE, **spec.settings), "base_url", None):
+        pytest.skip(f"the server at {url} speculates for every request: this case compares with the same checkpoint "
+                    "served without speculation (--engine-arg plain_url=URL of that server)")
     return adapter
 
 

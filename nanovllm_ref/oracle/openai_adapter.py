@@ -15,8 +15,11 @@ samples before it, so sample i still draws with seed + i (vLLM's convention, whi
 ``structured_outputs`` (oracle/requests.py) goes as vLLM's extra body ``structured_outputs``; with
 ``structured_route="response_format"`` (``--engine-arg structured_route=response_format``) a JSON schema goes as
 OpenAI's ``response_format`` (``{"type": "json_schema", "json_schema": {"name", "schema"}}``, ``json_object`` as
-``{"type": "json_object"}``), the official route, and the other kinds, which it has no field for, as before. The real
-server::
+``{"type": "json_object"}``), the official route, and the other kinds, which it has no field for, as before.
+Speculative decoding is a server's launch setting: ``--speculative-config JSON`` declares the one it runs (the
+adapter's ``speculative_config``), its counts come from the server's ``/metrics`` (vLLM's ``vllm:spec_decode_*``
+counters), and ``--engine-arg plain_url=URL`` names the checkpoint served without speculation, which an adapter
+built without the config talks to (the speculative modules' baselines). The real server::
 
     VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CKPT --dtype float32 \\
         --host 127.0.0.1 --port 8000 --enable-prompt-tokens-details
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -151,7 +155,14 @@ class OpenAIAdapter:
 
     def __init__(self, base_url: str, model_path: str = "", dtype: str = "", *, served_model: str = "",
                  server_dtype: str = "", timeout_s: float = 600.0, max_n_per_request: int = MAX_N_PER_REQUEST,
-                 structured_route: str = "structured_outputs") -> None:
+                 structured_route: str = "structured_outputs", speculative_config: dict | None = None,
+                 plain_url: str = "") -> None:
+        # speculative_config: the config the server at base_url was started with (the suite's --speculative-config
+        # declares it; a client cannot turn speculation on); plain_url: the same checkpoint served without it, which
+        # an adapter built without speculative_config talks to (the speculative modules' baselines)
+        if plain_url and speculative_config is None:
+            base_url = plain_url
+        self.speculative_config = speculative_config
         if not isinstance(max_n_per_request, int) or max_n_per_request < 1:
             raise ValueError(f"max_n_per_request must be an integer >= 1, got {max_n_per_request!r}")
         if structured_route not in STRUCTURED_ROUTES:
@@ -166,6 +177,20 @@ class OpenAIAdapter:
 
     def _facts(self) -> ServedFacts:
         return vllm_server_facts(self.base_url)
+
+    def spec_decode_stats(self) -> tuple[int, int, int] | None:
+        """The server's ``vllm:spec_decode_*`` counters from its ``/metrics`` (vLLM's, nanovllm_ref's), None where it
+        has none or was not declared speculative."""
+        from .spec_decode import prometheus_spec_counts
+
+        if self.speculative_config is None:
+            return None
+        origin = "{0.scheme}://{0.netloc}".format(urlsplit(self.base_url))
+        try:
+            with urllib.request.urlopen(f"{origin}/metrics", timeout=30) as r:
+                return prometheus_spec_counts(r.read().decode())
+        except (OSError, ValueError):
+            return None
 
     def _payload(self, prompt: list[int], max_tokens: int, top_k: int, prompt_logprobs: bool) -> dict:
         payload = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,

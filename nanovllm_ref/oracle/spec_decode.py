@@ -13,7 +13,8 @@ An adapter takes part through optional methods (each case that needs one skips, 
   tensors in and out), run through ``oracle/rejection_check.py``.
 
 ``--speculative-config JSON`` adds one config (``{"speculative_config": JSON}``) for any engine whose factory takes
-``speculative_config``. References: vLLM tests/v1/spec_decode (test_ngram.py, the acceptance-length tests) and
+``speculative_config``; for an OpenAI server (``openai:URL``) it declares the config the server was started with,
+and the counts are read from the server's ``/metrics`` (``prometheus_spec_counts``). References: vLLM tests/v1/spec_decode (test_ngram.py, the acceptance-length tests) and
 tests/v1/sample/test_rejection_sampler.py; Leviathan et al. 2023 (the rule that keeps the target's distribution).
 """
 
@@ -138,6 +139,22 @@ class SpecCounts:
     @property
     def mean_acceptance_length(self) -> float | None:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+                 "vllm:spec_decode_num_drafts")  # spec_decode_stats' order
+
+
+def prometheus_spec_counts(text: str) -> tuple[int, int, int] | None:
+    """SPEC_COUNTERS' values in a Prometheus exposition (a server's ``/metrics``: vLLM's and nanovllm_ref's), summed
+    over their labels (``_total`` suffixed, as prometheus_client writes counters); None where one is missing."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
+        name = name.removesuffix("_total")
+        if name in SPEC_COUNTERS and not line.startswith("#"):
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
+    return tuple(int(values[n]) for n in SPEC_COUNTERS) if all(n in values for n in SPEC_COUNTERS) else None
 
 
 def read_counts(adapter: Any) -> SpecCounts | None:

@@ -139,3 +139,49 @@ def test_an_invalid_spec_is_a_400_and_the_server_goes_on(case, structured_server
     body = json.loads(raw)
     assert body.get("error", {}).get("message") or body.get("message"), raw[:500]
     _served_normally(base, model)
+
+
+def test_official_openai_client(structured_server) -> None:
+    """The official ``openai`` client, as users call a server: /v1/completions with vLLM's extra body, whole and
+    streamed, and /v1/chat/completions with ``response_format`` json_schema; every output valid as
+    test_structured.py judges it (token ids through ``return_tokens_as_token_ids``: one that ended on "length" a prefix
+    the grammar accepts), and an invalid schema is the client's BadRequestError."""
+    openai = pytest.importorskip("openai", reason="the official client comes with nanovllm_ref[conformance]")
+    from nanovllm_ref.oracle.openai_adapter import _token_id
+    from nanovllm_ref.oracle.requests import Completion
+
+    base, model, ckpt = structured_server
+    require_field(base, model, "structured_outputs")
+    api = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=600)
+    ids = {"return_tokens_as_token_ids": True}
+    outputs = []  # (what, spec, Completion)
+    for name in (n for n in ("enum", "regex", "choice", "nested") if n in ckpt.specs):
+        spec = SPECS[name]
+        c = api.completions.create(model=model, prompt=ckpt.prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
+                                   extra_body={"structured_outputs": spec.structured, **ids}).choices[0]
+        tokens = [_token_id(t) for t in c.logprobs.tokens]
+        outputs.append((f"{name} whole", spec, Completion(tokens, c.finish_reason, text=c.text)))
+        streamed = Completion([], None, text="")
+        for chunk in api.completions.create(model=model, prompt=ckpt.prompt, max_tokens=MAX_TOKENS, temperature=1.0,
+                                            seed=11, stream=True, logprobs=0,
+                                            extra_body={"structured_outputs": spec.structured, **ids}):
+            for choice in chunk.choices:
+                streamed.text += choice.text or ""
+                streamed.token_ids += [_token_id(t) for t in (choice.logprobs.tokens if choice.logprobs else [])]
+                streamed.finish_reason = choice.finish_reason or streamed.finish_reason
+        outputs.append((f"{name} streamed", spec, streamed))
+    spec = SPECS["enum"]
+    require_field(base, model, "response_format", "chat/completions")
+    chat = api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "A color."}], max_tokens=MAX_TOKENS, temperature=0,
+        logprobs=True, top_logprobs=0, extra_body=ids,
+        response_format={"type": "json_schema", "json_schema": {"name": "color", "schema": spec.structured["json"]}},
+    ).choices[0]
+    tokens = [_token_id(t.token) for t in chat.logprobs.content]
+    outputs.append(("chat response_format", spec, Completion(tokens, chat.finish_reason, text=chat.message.content)))
+    bad = [f"  {what} {list(c.token_ids)}: {p}" for what, spec, c in outputs
+           for p in validity_problems(ckpt, spec, c)]
+    assert not bad, "through the openai client:\n" + "\n".join(bad)
+    with pytest.raises(openai.BadRequestError):
+        api.completions.create(model=model, prompt=ckpt.prompt, max_tokens=4, extra_body=INVALID["schema-type"])
+    _served_normally(base, model)

@@ -14,8 +14,9 @@ An adapter takes part through optional methods (each case that needs one skips, 
 
 ``--speculative-config JSON`` adds one config (``{"speculative_config": JSON}``) for any engine whose factory takes
 ``speculative_config``; for an OpenAI server (``openai:URL``) it declares the config the server was started with,
-and the counts are read from the server's ``/metrics`` (``prometheus_spec_counts``). References: vLLM tests/v1/spec_decode (test_ngram.py, the acceptance-length tests) and
-tests/v1/sample/test_rejection_sampler.py; Leviathan et al. 2023 (the rule that keeps the target's distribution).
+and the counts are read from the server's ``/metrics`` (``prometheus_spec_counts``). References: vLLM
+tests/v1/spec_decode (test_ngram.py, the acceptance-length tests) and tests/v1/sample/test_rejection_sampler.py;
+Leviathan et al. 2023 (the rule that keeps the target's distribution).
 """
 
 from __future__ import annotations

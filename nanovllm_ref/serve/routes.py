@@ -79,13 +79,13 @@ def _completion_logprobs(served: Served, choice: Choice, as_ids: bool, echo: boo
                              for d in steps], "text_offset": offsets}
 
 
-def _chat_logprobs(served: Served, choice: Choice, start: int, top: int) -> dict | None:
+def _chat_logprobs(served: Served, choice: Choice, start: int, top: int, as_ids: bool) -> dict | None:
     lps = choice.finished_logprobs()
     if lps is None:
         return None
 
     def entry(token: int, logprob: float) -> dict:
-        s = served.token_str(token, False)
+        s = served.token_str(token, as_ids)  # (bytes of what `token` says, "token_id:N" too: vLLM's)
         return {"token": s, "logprob": _lp(logprob), "bytes": list(s.encode())}
 
     return {"content": [{**entry(t, d[t]), "top_logprobs": [entry(k, v) for k, v in
@@ -162,12 +162,12 @@ async def chat_completions(served: Served, req: ChatCompletionRequest, receive: 
     gen = Generation(served.loop, served.tokenizer, plan, [prompt])
     gen.id = "chat" + gen.id
     gen.start()
-    model, top = req.model or served.model_names[0], req.top_logprobs or 0
+    model, top, as_ids = req.model or served.model_names[0], req.top_logprobs or 0, plan.tokens_as_ids
     if not req.stream:
         await run_to_end(gen, receive)
         gen.raise_if_failed()
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": _chat_logprobs(served, c, 0, top), "finish_reason": c.finish_reason}
+                    "logprobs": _chat_logprobs(served, c, 0, top, as_ids), "finish_reason": c.finish_reason}
                    for c in gen.choices]
         return {"id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,
                 "choices": choices, "usage": gen.usage()}
@@ -183,7 +183,7 @@ async def chat_completions(served: Served, req: ChatCompletionRequest, receive: 
                 return
             start, c.sent_tokens = c.sent_tokens, len(c.token_ids)
             out = {"index": c.index, "delta": {"content": text} if text else {},
-                   "logprobs": _chat_logprobs(served, c, start, top), "finish_reason": c.finish_reason}
+                   "logprobs": _chat_logprobs(served, c, start, top, as_ids), "finish_reason": c.finish_reason}
             yield {**base, "choices": [out], **({"usage": gen.usage()} if plan.usage_every_chunk else {})}
         if plan.usage_in_stream:
             yield {**base, "choices": [], "usage": gen.usage()}

@@ -96,6 +96,13 @@ def test_chat_with_the_chatml_template(client, server):
     assert choice.message.role == "assistant" and choice.message.content == same.text
     assert choice.finish_reason == "length" and r.usage.completion_tokens == 8
     assert len(choice.logprobs.content) == 8 and all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    ids_body = {**GREEDY["extra_body"], "return_tokens_as_token_ids": True}
+    ids = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, logprobs=True, top_logprobs=2,
+                                         temperature=0, extra_body=ids_body).choices[0]
+    want = client.completions.create(model=MODEL, prompt=rendered, max_tokens=8, logprobs=0,
+                                     temperature=0, extra_body=ids_body).choices[0]
+    assert [t.token for t in ids.logprobs.content] == want.logprobs.tokens  # "token_id:N", as on completions
+    assert all(t.token.startswith("token_id:") for e in ids.logprobs.content for t in e.top_logprobs)
     newer = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=5, **GREEDY)
     assert newer.usage.completion_tokens == 5 and same.text.startswith(newer.choices[0].message.content)
     stream = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=True,

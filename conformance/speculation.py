@@ -60,13 +60,36 @@ def counted(adapter: Any):
     out.counts = None if before is None or after is None else after - before
 
 
-def speculation_problems(counts: SpecCounts | None, spec: SpecConfig, what: str,
-                         self_acceptance: bool = False) -> list[str]:
+def predicted(tokens: list[int], i: int, low: int = 1, high: int = 3) -> bool:
+    """Whether prompt lookup proposes tokens[i] there under either usual rule (the longest suffix of tokens[:i] of
+    length in [low, high] that occurred before; its latest and its earliest occurrence both propose it)."""
+    for n in range(min(high, i - 1), low - 1, -1):
+        suffix = tokens[i - n : i]
+        starts = [s for s in range(i - n) if tokens[s : s + n] == suffix]
+        if starts:
+            return tokens[starts[-1] + n] == tokens[i] == tokens[starts[0] + n]
+    return False
+
+
+def speculation_problems(counts: SpecCounts | None, spec: SpecConfig, what: str, self_acceptance: bool = False,
+                         runs: list[tuple[list[int], list[int]]] | None = None) -> list[str]:
     """Why a run that must have speculated did not (no draft proposed, none accepted), and, with
     ``self_acceptance`` for a draft model that is the target, an acceptance rate under MIN_SELF_ACCEPTANCE. An
-    adapter that reports no counts passes (nothing to check there; the summary says so)."""
+    adapter that reports no counts passes (nothing to check there; the summary says so). With ``runs`` (prompt,
+    emitted tokens) of a short case, none accepted is a problem only where a draft had to be: prompt lookup
+    predicting a token the run emitted (its draft equals the emitted token, which the rejection rule emits only
+    by accepting it), or a draft model that is the target; a smaller draft may be refused every time."""
     if counts is None:
         return []
+    if runs is not None and counts.num_accepted_tokens <= 0 and not spec.draft_is_target:
+        if spec.speculative.get("method") != "ngram":
+            return []
+        hit = next(((r, j) for r, (prompt, out) in enumerate(runs) for j in range(len(out))
+                    if predicted(prompt + out, len(prompt) + j)), None)
+        if hit is None:
+            return []  # prompt lookup predicted none of the emitted tokens: no draft could have been accepted
+        return [f"{what}: no draft accepted ({counts}), yet prompt lookup proposes token {hit[1]} of run {hit[0]} "
+                f"({runs[hit[0]][1][hit[1]]}), which the run emitted"]
     if counts.num_draft_tokens <= 0:
         return [f"{what}: no draft token was proposed ({counts}): nothing was speculated"]
     problems = []

@@ -40,6 +40,7 @@ from .speculation import (
     first_difference,
     float32_tol,
     plain_engine,
+    predicted,
     record_run,
     run,
     spec_engine,
@@ -61,17 +62,6 @@ def _greedy(prompt: list[int], max_tokens: int, **extra) -> RequestSpec:
                                 **extra})
 
 
-def predicted(tokens: list[int], i: int, low: int = 1, high: int = 3) -> bool:
-    """Whether prompt lookup (the longest suffix of tokens[:i] of length in [low, high] that occurred before) proposes
-    tokens[i] there: a stop at i is then likely inside an accepted run."""
-    for n in range(min(high, i - 1), low - 1, -1):
-        suffix = tokens[i - n : i]
-        starts = [s for s in range(i - n) if tokens[s : s + n] == suffix]
-        if starts:
-            return tokens[starts[-1] + n] == tokens[i]
-    return False
-
-
 @dataclass
 class Baseline:
     """The engine's results without speculation, for one checkpoint."""
@@ -85,9 +75,12 @@ class Baseline:
 
 
 def stop_cases(prompt: list[int], c: Completion, decode) -> tuple[list[int], list[str]]:
-    """Stop token ids and stop strings that end ``c`` at steps prompt lookup predicts (first occurrences)."""
+    """Stop token ids and stop strings that end ``c`` at steps prompt lookup predicts (first occurrences), or at
+    other first occurrences where it predicts none (a run that never repeats its context: the stop still lands in
+    a verification, a draft model's above all)."""
     full, n = prompt + list(c.token_ids), len(prompt)
-    steps = [j for j in range(2, len(c.token_ids)) if c.token_ids[j] not in c.token_ids[:j] and predicted(full, n + j)]
+    first = [j for j in range(2, len(c.token_ids)) if c.token_ids[j] not in c.token_ids[:j]]
+    steps = [j for j in first if predicted(full, n + j)] or first
     ids, strings = [c.token_ids[j] for j in steps[:STOPS_PER_PROMPT]], []
     if decode is not None and c.text is not None and decode(c.token_ids) == c.text:
         for j in steps:
@@ -171,7 +164,8 @@ def test_seeded_requests_reproduce(spec, engines, references, record_spec) -> No
     bad = [f"  {PROMPT_IDS[i]} (seed {1000 + i}): {a}, again {b}, in another batch {o}"
            for i, (a, b, o) in enumerate(zip(first, again, reversed(other))) if not a == b == o]
     assert not bad, f"speculative config {spec.name}: seeded requests do not reproduce:\n" + "\n".join(bad)
-    problems = speculation_problems(c.counts, spec, "the seeded batches", self_acceptance=True)
+    runs = [(prompts[p], list(toks)) for p, toks in zip(PROMPT_IDS, first)]
+    problems = speculation_problems(c.counts, spec, "the seeded batches", self_acceptance=True, runs=runs)
     assert not problems, "\n".join(problems)
 
 
@@ -202,7 +196,8 @@ def test_greedy_stops_inside_accepted_runs(spec, engines, plain, record_spec) ->
            if (d := first_difference(g, w, tol))]
     assert not bad, f"speculative config {spec.name}: stops differ from the engine without speculation:\n" + \
         "\n".join(bad)
-    assert not speculation_problems(c.counts, spec, "the stop cases")
+    runs = [(r.prompt, list(g.token_ids)) for (_, r), g in zip(base.stop_requests, got)]
+    assert not speculation_problems(c.counts, spec, "the stop cases", runs=runs)
 
 
 def sampled_stop_problems(c: Completion, params: dict, decode) -> list[str]:

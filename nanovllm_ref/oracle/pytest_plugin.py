@@ -208,7 +208,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         from .spec_decode import summary_lines
 
         terminalreporter.section("speculative decoding")
-        for line in summary_lines(speculation):
+        for line in summary_lines(speculation, verbose=config.getoption("verbose") > 0):
             terminalreporter.write_line(line)
     if tallies:
         from .capabilities import verdict_lines

@@ -176,11 +176,17 @@ def speculation_meta(config: SpecConfig, dtype: str, case: str, counts: SpecCoun
     return meta
 
 
-def summary_lines(metas: Sequence[dict[str, Any]], width: int = 120) -> list[str]:
-    """One line per recorded speculative run: drafts accepted, the rate and the mean acceptance length."""
+def summary_lines(metas: Sequence[dict[str, Any]], width: int = 120, verbose: bool = False) -> list[str]:
+    """The summary's lines: one per checkpoint and config, its runs' counts summed (drafts accepted, the rate, the
+    mean acceptance length); with ``verbose`` one per recorded run (the JSON report keeps every run either way)."""
+    if not verbose:
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for m in metas:
+            groups.setdefault((m["model"], m["config"]), []).append(m)
+        metas = [_summed(model, config, runs) for (model, config), runs in groups.items()]
     lines = []
     for m in metas:
-        head = f"{m['model']}/{m['dtype']} {m['config']}, {m['case']}:"
+        head = f"{m['model']}{'/' + m['dtype'] if 'dtype' in m else ''} {m['config']}, {m['case']}:"
         if "num_draft_tokens" not in m:
             lines.append(f"{head} no counts reported (spec_decode_stats)")
             continue
@@ -189,3 +195,15 @@ def summary_lines(metas: Sequence[dict[str, Any]], width: int = 120) -> list[str
         lines.append(f"{head} {m['num_accepted_tokens']}/{m['num_draft_tokens']} drafts accepted "
                      f"({m['acceptance_rate']:.3f}){tail}")
     return [line if len(line) <= width else line[: width - 3] + "..." for line in lines]
+
+
+def _summed(model: str, config: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    counted = [r for r in runs if "num_draft_tokens" in r]
+    out = {"model": model, "config": config, "case": f"{len(runs)} runs (-v: each)"}
+    if counted:
+        drafts, accepted = (sum(r[k] for r in counted) for k in ("num_draft_tokens", "num_accepted_tokens"))
+        verifications = [r.get("num_drafts") for r in counted]
+        total = SpecCounts(drafts, accepted, None if None in verifications else sum(verifications))
+        out.update(num_draft_tokens=drafts, num_accepted_tokens=accepted, acceptance_rate=total.acceptance_rate,
+                   mean_acceptance_length=total.mean_acceptance_length)
+    return out

@@ -82,10 +82,18 @@ def test_counts_and_their_lines() -> None:
     assert SpecCounts(5, 1) - SpecCounts(1, 0, 3) == SpecCounts(4, 1, None)
     meta = {"model": "m", "dtype": "float32", "config": "ngram-k3", "case": "goldens", "num_draft_tokens": 100,
             "num_accepted_tokens": 50, "num_drafts": 40, "acceptance_rate": 0.5, "mean_acceptance_length": 2.25}
-    assert summary_lines([meta])[0] == (
+    assert summary_lines([meta], verbose=True)[0] == (
         "m/float32 ngram-k3, goldens: 50/100 drafts accepted (0.500), mean acceptance length 2.25")
-    assert len(summary_lines([{**meta, "case": "x" * 200}])[0]) == 120
-    assert "no counts reported" in summary_lines([{k: meta[k] for k in ("model", "dtype", "config", "case")}])[0]
+    assert len(summary_lines([{**meta, "case": "x" * 200}], verbose=True)[0]) == 120
+    bare = {k: meta[k] for k in ("model", "dtype", "config", "case")}
+    assert "no counts reported" in summary_lines([bare], verbose=True)[0]
+    # by default one line per checkpoint and config, its runs summed: 80 + 50 of 100 + 200, 40 + 60 verifications
+    other = {**meta, "dtype": "bfloat16", "case": "seeds", "num_draft_tokens": 200, "num_accepted_tokens": 80,
+             "num_drafts": 60}
+    assert summary_lines([meta, other, {**meta, "config": "ngram-k1"}]) == [
+        "m ngram-k3, 2 runs (-v: each): 130/300 drafts accepted (0.433), mean acceptance length 2.30",
+        "m ngram-k1, 1 runs (-v: each): 50/100 drafts accepted (0.500), mean acceptance length 2.25"]
+    assert "no counts reported" in summary_lines([bare])[0]
 
 
 def test_speculation_problems() -> None:

@@ -73,6 +73,18 @@ VALID = {"structured_outputs": {"structured_outputs": {"choice": ["yes", "no"]}}
          "response_format": {"response_format": {"type": "json_object"}}}
 
 
+def http_specs(ckpt: Checkpoint, json_only: bool = False) -> list[str]:
+    """The specs sent over HTTP that fit the checkpoint's vocabulary: HTTP_SPECS (JSON_SPECS), or on a WordLevel
+    vocabulary its words' specs (free JSON has dead ends there)."""
+    names = [n for n in (JSON_SPECS if json_only else HTTP_SPECS) if n in ckpt.specs]
+    return names or [n for n in ckpt.specs if not json_only or "json" in ckpt.specs[n].structured]
+
+
+def json_schema_spec(ckpt: Checkpoint):
+    """A JSON-schema spec that fits the checkpoint's vocabulary ("enum"; on a WordLevel one its words' JSON)."""
+    return next(ckpt.specs[n] for n in ("enum", "words-json") if n in ckpt.specs)
+
+
 def require_field(base: str, model: str, field: str, route: str = "completions") -> None:
     """Skip, with the server's message, where a valid request carrying ``field`` is refused."""
     body = {"model": model, "max_tokens": 4, "temperature": 0, **VALID[field]}
@@ -88,34 +100,34 @@ def require_field(base: str, model: str, field: str, route: str = "completions")
 def test_outputs_over_http_are_valid(route, structured_server) -> None:
     """Greedy and seeded-sampled requests through /v1/completions; response_format carries the JSON specs."""
     ckpt = structured_server[2]
-    names = [n for n in (JSON_SPECS if route == "response_format" else HTTP_SPECS) if n in ckpt.specs]
-    requests = [RequestSpec(ckpt.prompt, greedy(SPECS[n].structured, logprobs=1)) for n in names]
-    requests += [RequestSpec(ckpt.prompt, {**sampled(SPECS[n].structured, 99 + i), "logprobs": 0})
+    names = http_specs(ckpt, json_only=route == "response_format")
+    requests = [RequestSpec(ckpt.prompt, greedy(ckpt.specs[n].structured, logprobs=1)) for n in names]
+    requests += [RequestSpec(ckpt.prompt, {**sampled(ckpt.specs[n].structured, 99 + i), "logprobs": 0})
                  for i, n in enumerate(names)]
     outs = call(client(structured_server, route), "run_requests", requests)
     bad = [f"  {n} {list(c.token_ids)}: {p}" for n, group in zip(names + names, outs) for c in group
-           for p in validity_problems(ckpt, SPECS[n], c)]
+           for p in validity_problems(ckpt, ckpt.specs[n], c)]
     assert not bad, f"{route}:\n" + "\n".join(bad)
 
 
 def test_streamed_outputs_are_valid(structured_server) -> None:
     """Streamed /v1/completions: the pieces concatenate to the text, and that validates (or is a valid prefix)."""
     ckpt, bad = structured_server[2], []
-    names = [n for n in HTTP_SPECS if n in ckpt.specs]
-    requests = [RequestSpec(ckpt.prompt, sampled(SPECS[n].structured, 7 + i, n=1)) for i, n in enumerate(names)]
+    names = http_specs(ckpt)
+    requests = [RequestSpec(ckpt.prompt, sampled(ckpt.specs[n].structured, 7 + i, n=1)) for i, n in enumerate(names)]
     for name, streamed in zip(names, call(client(structured_server, "structured_outputs"), "stream_requests",
                                           requests)):
         s = streamed[0]
         if "".join(s.pieces) != s.completion.text:
             bad.append(f"  {name}: pieces {s.pieces} do not add up to {s.completion.text!r}")
-        bad += [f"  {name}: {p}" for p in validity_problems(ckpt, SPECS[name], s.completion)]
+        bad += [f"  {name}: {p}" for p in validity_problems(ckpt, ckpt.specs[name], s.completion)]
     assert not bad, "streamed:\n" + "\n".join(bad)
 
 
 def test_chat_response_format_is_valid(structured_server) -> None:
     """/v1/chat/completions with response_format json_schema (OpenAI's route): the message content validates."""
     base, model, ckpt = structured_server
-    spec = SPECS["enum"].structured
+    spec = json_schema_spec(ckpt).structured
     body = {"model": model, "messages": [{"role": "user", "content": "A color."}], "max_tokens": MAX_TOKENS,
             "temperature": 0, "response_format": {"type": "json_schema",
                                                   "json_schema": {"name": "color", "schema": spec["json"]}}}
@@ -155,8 +167,9 @@ def test_official_openai_client(structured_server) -> None:
     api = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=600)
     ids = {"return_tokens_as_token_ids": True}
     outputs = []  # (what, spec, Completion)
-    for name in (n for n in ("enum", "regex", "choice", "nested") if n in ckpt.specs):
-        spec = SPECS[name]
+    names = [n for n in ("enum", "regex", "choice", "nested") if n in ckpt.specs] or http_specs(ckpt)
+    for name in names:
+        spec = ckpt.specs[name]
         c = api.completions.create(model=model, prompt=ckpt.prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
                                    extra_body={"structured_outputs": spec.structured, **ids}).choices[0]
         tokens = [_token_id(t) for t in c.logprobs.tokens]
@@ -170,7 +183,7 @@ def test_official_openai_client(structured_server) -> None:
                 streamed.token_ids += [_token_id(t) for t in (choice.logprobs.tokens if choice.logprobs else [])]
                 streamed.finish_reason = choice.finish_reason or streamed.finish_reason
         outputs.append((f"{name} streamed", spec, streamed))
-    spec = SPECS["enum"]
+    spec = json_schema_spec(ckpt)
     require_field(base, model, "response_format", "chat/completions")
     chat = api.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "A color."}], max_tokens=MAX_TOKENS, temperature=0,

@@ -130,7 +130,8 @@ _RUNS: dict[tuple, dict] = {}
 
 
 @pytest.fixture(scope="module")
-def structured_engine(structured_model: ModelSpec, engines):
+def structured_engine(structured_model: ModelSpec, engines, pytestconfig):
+    require_dtype(pytestconfig, DTYPE)  # (a server runs one dtype: --dtype bfloat16 leaves the bfloat16 cases)
     adapter = engines.get(structured_model, DTYPE)
     if not supports_requests(adapter):
         pytest.skip(f"engine {adapter.name} has no run_requests (oracle/requests.py): structured outputs need it")
@@ -224,24 +225,6 @@ def test_greedy_follows_the_masked_reference(exact_spec, structured_engine, chec
                      f"{checkpoint.tol:.0e}):\n  " + "\n  ".join(bad[:10]))
 
 
-def test_bfloat16_outputs(structured_model, engines, checkpoint, pytestconfig) -> None:
-    """The engine in bfloat16: every spec's outputs valid, and each exact spec's greedy steps the masked float32
-    reference's within the bfloat16 golden tolerance (its per-token bound; the masked argmax within it)."""
-    require_dtype(pytestconfig, "bfloat16")
-    adapter = engines.get(structured_model, "bfloat16")
-    if not supports_requests(adapter):
-        pytest.skip(f"engine {adapter.name} has no run_requests (oracle/requests.py): structured outputs need it")
-    tol = golden_tolerance("bfloat16", checkpoint=structured_model.name if structured_model.golden else None).tol
-    bad = []
-    for name, spec in checkpoint.specs.items():
-        greedy_c, samples = spec_run(adapter, checkpoint, name, key=("bfloat16",))
-        for kind, c in zip(("greedy", "sample 0", "sample 1"), [*greedy_c, *samples]):
-            bad += [f"  {name} {kind} {list(c.token_ids)}: {p}" for p in validity_problems(checkpoint, spec, c)]
-        if spec.exact:
-            bad += [f"  {name} greedy: {p}" for p in distribution_problems(checkpoint, spec, greedy_c[0], tol)[:3]]
-    assert not bad, f"{structured_model.name} in bfloat16 (tolerance {tol:.3f}):\n" + "\n".join(bad[:20])
-
-
 def _same(a, b) -> str | None:
     if list(a.token_ids) != list(b.token_ids):
         return f"tokens {list(a.token_ids)} vs alone {list(b.token_ids)}"
@@ -290,6 +273,7 @@ def test_structured_under_speculative_decoding(structured_model, engines, checkp
 
     from .harness import adapter_factory
 
+    require_dtype(pytestconfig, DTYPE)
     engine = pytestconfig.getoption("--engine")
     configs = [c for c in configs_for(adapter_factory(engine), structured_model,
                                       pytestconfig.getoption("--speculative-config")) if c.name is not None]
@@ -306,3 +290,21 @@ def test_structured_under_speculative_decoding(structured_model, engines, checkp
             if spec.exact:
                 bad += [f"  {name} {spec_name}: {p}" for p in distribution_problems(checkpoint, spec, greedy_c[0])]
     assert not bad, f"{structured_model.name} under speculative decoding:\n" + "\n".join(bad[:20])
+
+
+def test_bfloat16_outputs(structured_model, engines, checkpoint, pytestconfig) -> None:
+    """The engine in bfloat16: every spec's outputs valid, and each exact spec's greedy steps the masked float32
+    reference's within the bfloat16 golden tolerance (its per-token bound; the masked argmax within it)."""
+    require_dtype(pytestconfig, "bfloat16")
+    adapter = engines.get(structured_model, "bfloat16")
+    if not supports_requests(adapter):
+        pytest.skip(f"engine {adapter.name} has no run_requests (oracle/requests.py): structured outputs need it")
+    tol = golden_tolerance("bfloat16", checkpoint=structured_model.name if structured_model.golden else None).tol
+    bad = []
+    for name, spec in checkpoint.specs.items():
+        greedy_c, samples = spec_run(adapter, checkpoint, name, key=("bfloat16",))
+        for kind, c in zip(("greedy", "sample 0", "sample 1"), [*greedy_c, *samples]):
+            bad += [f"  {name} {kind} {list(c.token_ids)}: {p}" for p in validity_problems(checkpoint, spec, c)]
+        if spec.exact:
+            bad += [f"  {name} greedy: {p}" for p in distribution_problems(checkpoint, spec, greedy_c[0], tol)[:3]]
+    assert not bad, f"{structured_model.name} in bfloat16 (tolerance {tol:.3f}):\n" + "\n".join(bad[:20])

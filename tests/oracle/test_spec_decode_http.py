@@ -6,6 +6,7 @@ a plain server declared speculative fails (no drafts), so the declaration is che
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ SPEC = {**NGRAM, "num_speculative_tokens": 3}
 
 def _suite(spec_url: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "conformance/test_spec_decode.py",
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "conformance/test_spec_decode.py",
          "--engine", f"openai:{spec_url}", "--speculative-config", json.dumps(SPEC), "--model", "qwen3-tiny",
          "--dtype", "float32", "--report", "/dev/null", *extra],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -43,5 +44,6 @@ def test_spec_modules_over_http() -> None:
         false_claim = _suite(plain_url, "-k", "goldens")
     assert good.returncode == 0, good.stdout[-3000:]
     assert "speculates for every request" not in good.stdout, good.stdout[-3000:]
-    assert "option-ngram-k3, greedy stops" in good.stdout  # a case compared with the plain server ran
+    assert "PASSED conformance/test_spec_decode.py::test_greedy_stops_inside_accepted_runs" in good.stdout  # compared
+    assert re.search(r"qwen3-tiny option-ngram-k3, .*: [1-9]\d*/\d+ drafts accepted", good.stdout)  # from /metrics
     assert false_claim.returncode == 1 and "1 failed" in false_claim.stdout, false_claim.stdout[-3000:]
